@@ -1,0 +1,1 @@
+"""The ``ssu`` command line (see ``ssu --help``)."""

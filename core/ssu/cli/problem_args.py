@@ -1,0 +1,44 @@
+"""Problem options shared by ``ssu explain``, ``ssu run`` and ``ssu verify``."""
+
+from __future__ import annotations
+
+import argparse
+
+#: head shapes of real models (SPEC.md); ``--model`` picks one, explicit options override it
+MODELS = {
+    "nemotron-h-8b": dict(nheads=128, headdim=64, dstate=128, ngroups=8),
+    "nemotron-3-super": dict(nheads=128, headdim=64, dstate=128, ngroups=8),
+    "nemotron-h-56b": dict(nheads=256, headdim=64, dstate=256, ngroups=8),
+    "nemotron-3-nano": dict(nheads=64, headdim=64, dstate=128, ngroups=8),
+    "nemotron-nano-9b-v2": dict(nheads=128, headdim=80, dstate=128, ngroups=8),
+    "granite-4.0-h": dict(nheads=128, headdim=64, dstate=128, ngroups=1),
+    "mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
+}
+
+
+def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4) -> None:
+    g = parser.add_argument_group("problem (defaults: Nemotron-H-8B head shapes)")
+    g.add_argument("--model", choices=sorted(MODELS), default="nemotron-h-8b", help="head shapes of a real model")
+    g.add_argument("--nheads", type=int, help="H, heads (per tensor-parallel rank)")
+    g.add_argument("--headdim", type=int, help="P, head dimension")
+    g.add_argument("--dstate", type=int, help="N, state dimension")
+    g.add_argument("--ngroups", type=int, help="G, B/C groups")
+    g.add_argument("--state-dtype", default="fp32", help="state cache dtype: fp32, bf16, fp16 (default fp32)")
+    g.add_argument("--input-dtype", default="bf16", help="input dtype: bf16, fp16, fp32 (default bf16)")
+    g.add_argument("--batch", type=int, default=batch_default, help=f"sequences per step (default {batch_default})")
+    g.add_argument("--slots", type=int, help="cache slots (default: 2 x batch)")
+    g.add_argument("--tokens", type=int, default=1, help="tokens per sequence per step; > 1 means speculative")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default cpu)")
+
+
+def problem_from_args(args: argparse.Namespace):
+    from ..problem import Problem
+
+    shapes = dict(MODELS[args.model])
+    for key in shapes:
+        value = getattr(args, key)
+        if value is not None:
+            shapes[key] = value
+    return Problem(**shapes, state_dtype=args.state_dtype, input_dtype=args.input_dtype,
+                   num_slots=args.slots or 2 * args.batch, max_batch=args.batch, tokens_per_step=args.tokens,
+                   speculative=args.tokens > 1, device=args.device)

@@ -1,0 +1,256 @@
+"""Conformance checks every backend must pass, run by ``ssu verify`` (and the test suite).
+
+Each check opens the backend for a small problem inside its declared capabilities, drives it with
+random inputs (never zeros) and compares against the float64 oracle through the backend-neutral
+``read_state`` / ``write_state``. Tolerances come from :func:`ssu.oracle.tolerance`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+import attrs
+
+from . import oracle
+from .config import Config
+from .errors import InputError, SSUError
+from .inputs import layer_weights, pick_slots, random_states, step_inputs
+from .problem import Problem
+
+
+class CheckFailure(AssertionError):
+    """A conformance check found a wrong result."""
+
+
+@attrs.frozen
+class CheckResult:
+    name: str
+    problem: str
+    passed: bool
+    detail: str = ""
+
+
+def _open(backend: str, problem: Problem, registry=None, options: Optional[dict] = None):
+    from .kernel import open_kernel
+
+    config = Config(backend=backend, backends={backend: options} if options else {})
+    return open_kernel(config, problem, registry=registry)
+
+
+def _expect_close(what: str, actual, expected, tol: float) -> None:
+    err = oracle.rel_error(actual, expected)
+    if not err <= tol:
+        raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}")
+
+
+def _prepared(kernel, gen, layers: int = 2):
+    """A state with every slot of every layer set to a random value; returns (state, values)."""
+    import torch
+
+    p = kernel.problem
+    state = kernel.allocate_state(num_layers=layers)
+    every = torch.arange(p.num_slots, device=p.device)
+    values = []
+    for layer in range(layers):
+        v = random_states(p, p.num_slots, gen)
+        kernel.write_state(state, every, v, layer)
+        values.append(kernel.read_state(state, every, layer).clone())
+    return state, values
+
+
+def _oracle(kernel, start, inputs):
+    p = kernel.problem
+    tok = (lambda t: t) if p.multi_token else (lambda t: None if t is None else t[:, None])
+    return oracle.ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B), tok(inputs.C),
+                             D=inputs.D, z=tok(inputs.z), dt_bias=inputs.dt_bias, dt_softplus=inputs.dt_softplus)
+
+
+def check_step(kernel, gen, *, with_options: bool = True) -> None:
+    """One step (one commit if speculative) against the oracle: outputs of every row, pad rows
+    included; new states of the batch; every other slot and layer bit-identical."""
+    import torch
+
+    p = kernel.problem
+    tol = oracle.tolerance(p.state_dtype, p.input_dtype, p.tokens_per_step)
+    state, before = _prepared(kernel, gen)
+    b = min(p.max_batch, p.num_slots)
+    pad = 1 if b >= 2 else 0
+    slots = pick_slots(p, b, gen, pad_rows=pad)
+    real = slots[: b - pad].long()
+    layer = 1
+    weights = layer_weights(p, gen, with_D=with_options, with_dt_bias=with_options)
+    inputs = step_inputs(p, slots, gen, weights=weights, with_z=with_options, dt_softplus=with_options)
+    start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
+    start[: b - pad] = before[layer][real]
+    states, outs = _oracle(kernel, start, inputs)
+    out = torch.full_like(inputs.x, float("nan"))
+    kernel.step(state, out=out, layer=layer, **inputs.kwargs())
+    got = out if p.multi_token else out[:, None]
+    _expect_close("outputs", got, outs, tol)
+    if p.speculative:
+        logical = kernel.read_state(state, real, layer)
+        if not torch.equal(logical, before[layer][real]):
+            raise CheckFailure("a speculative step changed the logical state before commit")
+        accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)
+        kernel.commit(state, slots, accepted)
+        pick = accepted[: b - pad].long() - 1
+    else:
+        pick = torch.zeros(b - pad, dtype=torch.long, device=p.device)
+    rows = torch.arange(b - pad, device=p.device)
+    _expect_close("new states", kernel.read_state(state, real, layer), states[rows, pick], tol)
+    every = torch.arange(p.num_slots, device=p.device)
+    others = torch.ones(p.num_slots, dtype=torch.bool, device=p.device)
+    others[real] = False
+    for lay in range(state.num_layers):
+        now = kernel.read_state(state, every, lay)
+        mask = others if lay == layer else torch.ones_like(others)
+        if not torch.equal(now[mask], before[lay][mask]):
+            changed = every[mask][(now[mask] != before[lay][mask]).flatten(1).any(1)].tolist()
+            raise CheckFailure(f"slots {changed[:8]} of layer {lay} changed, but the step did not name them")
+
+
+def check_decode(kernel, gen, steps: int = 4) -> None:
+    """Several steps (with commits) in a row, the oracle following from the kernel's own states."""
+    import torch
+
+    p = kernel.problem
+    tol = oracle.tolerance(p.state_dtype, p.input_dtype, p.tokens_per_step)
+    state, before = _prepared(kernel, gen, layers=1)
+    b = min(p.max_batch, p.num_slots)
+    slots = pick_slots(p, b, gen)
+    weights = layer_weights(p, gen)
+    for _ in range(steps):
+        start = kernel.read_state(state, slots, 0)
+        inputs = step_inputs(p, slots, gen, weights=weights)
+        states, outs = _oracle(kernel, start, inputs)
+        out = kernel.step(state, layer=0, **inputs.kwargs())
+        _expect_close("outputs", out if p.multi_token else out[:, None], outs, tol)
+        pick = torch.zeros(b, dtype=torch.long, device=p.device)
+        if p.speculative:
+            accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)
+            kernel.commit(state, slots, accepted)
+            pick = accepted.long() - 1
+        _expect_close("states", kernel.read_state(state, slots, 0), states[torch.arange(b, device=p.device), pick], tol)
+
+
+def check_roundtrip(kernel, gen) -> None:
+    """write_state then read_state returns the values rounded to the cache dtype."""
+    import torch
+
+    from .dtypes import to_torch
+
+    p = kernel.problem
+    state = kernel.allocate_state(num_layers=1)
+    slots = pick_slots(p, min(p.num_slots, 4), gen)
+    values = random_states(p, len(slots), gen)
+    kernel.write_state(state, slots, values, 0)
+    got = kernel.read_state(state, slots, 0)
+    want = values.to(to_torch(p.state_dtype)).float()
+    if not torch.equal(got, want):
+        raise CheckFailure(f"read_state after write_state differs by {(got - want).abs().max().item():.3e}")
+
+
+def check_warmup(kernel, gen) -> None:
+    """Warmup leaves every state value exactly as it was."""
+    import torch
+
+    state, before = _prepared(kernel, gen)
+    kernel.warmup(state)
+    every = torch.arange(kernel.problem.num_slots, device=kernel.problem.device)
+    for layer, values in enumerate(before):
+        if not torch.equal(kernel.read_state(state, every, layer), values):
+            raise CheckFailure(f"warmup changed the state of layer {layer}")
+
+
+def check_bad_inputs(kernel, gen) -> None:
+    """Wrong shapes, dtypes and layers raise ssu.InputError, and nothing is written."""
+    import torch
+
+    p = kernel.problem
+    if not kernel.config.validate:
+        return
+    state, before = _prepared(kernel, gen, layers=1)
+    slots = pick_slots(p, min(p.max_batch, p.num_slots), gen)
+    good = step_inputs(p, slots, gen).kwargs()
+    wrong_dtype = torch.float64
+    cases = {
+        "x with a wrong dtype": dict(good, x=good["x"].to(wrong_dtype)),
+        "x with a wrong head count": dict(good, x=good["x"][..., :-1, :] if p.nheads > 1 else good["x"][..., :0]),
+        "B with a wrong group count": dict(good, B=torch.cat([good["B"], good["B"]], dim=-2)),
+        "slots as float": dict(good, slots=slots.float()),
+        "A in bf16": dict(good, A=good["A"].to(torch.bfloat16)),
+    }
+    for what, kwargs in cases.items():
+        try:
+            kernel.step(state, layer=0, **kwargs)
+        except InputError:
+            pass
+        else:
+            raise CheckFailure(f"{what}: no ssu.InputError")
+    try:
+        kernel.step(state, layer=1, **good)
+    except InputError:
+        pass
+    else:
+        raise CheckFailure("layer out of range: no ssu.InputError")
+    every = torch.arange(p.num_slots, device=p.device)
+    if not torch.equal(kernel.read_state(state, every, 0), before[0]):
+        raise CheckFailure("a refused call wrote to the state")
+
+
+CHECKS: dict[str, Callable] = {
+    "step vs oracle (D, z, dt_bias, softplus, pad row)": check_step,
+    "step vs oracle (no D, z, dt_bias, softplus)": lambda k, g: check_step(k, g, with_options=False),
+    "decode of several steps": check_decode,
+    "write_state/read_state round trip": check_roundtrip,
+    "warmup leaves the state intact": check_warmup,
+    "bad inputs raise InputError, write nothing": check_bad_inputs,
+}
+
+
+def problems_for(capabilities, device: str) -> Iterator[Problem]:
+    """Small problems covering the dtypes and modes the backend declares."""
+    def pick(options, values):
+        return [v for v in values if options is None or v in options] or sorted(options)[:1]
+
+    H = pick(capabilities.nheads, [8, 6, 4])[0]
+    G = pick(capabilities.ngroups, [2, 1])[0]
+    if H % G:
+        G = 1
+    P = pick(capabilities.headdims, [16, 80, 64])[0]
+    N = pick(capabilities.dstates, [16, 96, 128])[0]
+    inp = pick(capabilities.input_dtypes, ["bf16", "fp16", "fp32"])[0]
+    for state_dtype in [d for d in ("fp32", "bf16", "fp16") if d in capabilities.state_dtypes]:
+        yield Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype=inp,
+                      num_slots=12, max_batch=5, device=device)
+    if capabilities.speculative and capabilities.max_tokens_per_step > 1:
+        T = min(3, capabilities.max_tokens_per_step)
+        yield Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=sorted(capabilities.state_dtypes)[0],
+                      input_dtype=inp, num_slots=12, max_batch=5, tokens_per_step=T, speculative=True, device=device)
+
+
+def run_conformance(backend: str, *, device: str = "cpu", registry=None, seed: int = 0,
+                    options: Optional[dict] = None) -> list[CheckResult]:
+    """Run every check on every problem of :func:`problems_for`; never raises for a failed check."""
+    import torch
+
+    from .registry import default_registry
+
+    registry = default_registry() if registry is None else registry
+    capabilities = registry.load(backend).spec.capabilities
+    results = []
+    for problem in problems_for(capabilities, device):
+        try:
+            kernel = _open(backend, problem, registry, options)
+        except SSUError as exc:
+            results.append(CheckResult("open", problem.describe(), False, str(exc)))
+            continue
+        for name, check in CHECKS.items():
+            gen = torch.Generator().manual_seed(seed)
+            try:
+                check(kernel, gen)
+            except (CheckFailure, SSUError, RuntimeError) as exc:
+                results.append(CheckResult(name, problem.describe(), False, f"{type(exc).__name__}: {exc}"))
+            else:
+                results.append(CheckResult(name, problem.describe(), True))
+    return results

@@ -1,0 +1,139 @@
+"""The main job: a decode run over a Mamba2-shaped stack of layers through one kernel.
+
+Every layer of every step goes through ``kernel.step`` (and ``kernel.commit`` once per step when
+speculative, with random acceptance). Along the way outputs and states are checked against the
+float64 oracle started from the kernel's own state, and slots outside the batch are checked to be
+bit-identical at the end. Kernel time excludes the checks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import attrs
+
+from . import oracle
+from .inputs import layer_weights, pick_slots, random_states, step_inputs
+
+
+@attrs.define
+class DecodeReport:
+    """What ``ssu run`` prints."""
+
+    backend: str
+    problem: object
+    layers: int
+    steps: int
+    batch: int
+    pad_rows: int
+    seconds: float = 0.0
+    state_bytes: int = 0
+    max_out_error: float = 0.0
+    max_state_error: float = 0.0
+    checked_layer_steps: int = 0
+    tolerance: float = 0.0
+    untouched_checked: int = 0
+    untouched_changed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return (self.max_out_error <= self.tolerance and self.max_state_error <= self.tolerance
+                and self.untouched_changed == 0)
+
+    def summary(self) -> str:
+        layer_steps = self.layers * self.steps
+        lines = [
+            f"backend         {self.backend}",
+            f"problem         {self.problem.describe()}",
+            f"run             {self.layers} layers x {self.steps} steps, batch {self.batch}"
+            f"{f' ({self.pad_rows} pad rows)' if self.pad_rows else ''}",
+            f"steps/s         {self.steps / self.seconds:.1f}" if self.seconds else "steps/s         -",
+            f"per layer-step  {self.seconds / layer_steps * 1e6:.1f} us",
+            f"state traffic   {self.state_bytes / self.seconds / 1e9:.2f} GB/s "
+            f"({self.state_bytes / layer_steps / 1e6:.2f} MB per layer-step)" if self.seconds else "",
+            f"max error       out {self.max_out_error:.2e}, state {self.max_state_error:.2e} "
+            f"(tolerance {self.tolerance:.1e}, {self.checked_layer_steps} layer-steps checked)",
+            f"untouched slots {self.untouched_checked} checked, {self.untouched_changed} changed",
+            f"result          {'OK' if self.ok else 'WRONG'}",
+        ]
+        return "\n".join(line for line in lines if line)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pad_rows: int = 0,
+               check_every: int = 1, progress: Optional[Callable[[int], None]] = None) -> DecodeReport:
+    """Run ``steps`` decode steps of ``layers`` layers for ``batch`` sequences; see the module doc."""
+    import torch
+
+    p = kernel.problem
+    gen = torch.Generator().manual_seed(seed)
+    T = p.tokens_per_step
+    report = DecodeReport(kernel.backend, p, layers, steps, batch, pad_rows,
+                          tolerance=oracle.tolerance(p.state_dtype, p.input_dtype, T))
+    state = kernel.allocate_state(num_layers=layers)
+    all_slots = torch.arange(p.num_slots, dtype=torch.int64, device=p.device)
+    for layer in range(layers):  # every slot starts from a random state
+        kernel.write_state(state, all_slots, random_states(p, p.num_slots, gen), layer)
+    slots = pick_slots(p, batch, gen, pad_rows=pad_rows)
+    real = slots[: batch - pad_rows]
+    untouched = torch.tensor(sorted(set(range(p.num_slots)) - set(real.tolist()))[:8], dtype=torch.int64,
+                             device=p.device)
+    before = [kernel.read_state(state, untouched, layer).clone() for layer in range(layers)] if len(untouched) else []
+    weights = [layer_weights(p, gen) for _ in range(layers)]
+    out = None
+    kernel.warmup(state)
+    writes = T if p.speculative else 1
+    for step_index in range(steps):
+        check = check_every > 0 and step_index % check_every == 0
+        expected_states = []
+        for layer in range(layers):
+            inputs = step_inputs(p, slots, gen, weights=weights[layer])
+            if out is None:
+                out = torch.empty_like(inputs.x)
+            if check:
+                start = torch.zeros(batch, p.nheads, p.headdim, p.dstate, device=p.device)
+                start[: batch - pad_rows] = kernel.read_state(state, real, layer)
+            _sync(p.device)
+            t0 = time.perf_counter()
+            kernel.step(state, out=out, layer=layer, **inputs.kwargs())
+            _sync(p.device)
+            report.seconds += time.perf_counter() - t0
+            report.state_bytes += (batch - pad_rows) * p.state_bytes_per_slot() * (1 + writes)
+            if check:
+                tok = (lambda t: t) if p.multi_token else (lambda t: None if t is None else t[:, None])
+                states, outs = oracle.ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B),
+                                                 tok(inputs.C), D=inputs.D, z=tok(inputs.z),
+                                                 dt_bias=inputs.dt_bias, dt_softplus=inputs.dt_softplus)
+                got = out if p.multi_token else out[:, None]
+                report.max_out_error = max(report.max_out_error, oracle.rel_error(got, outs))
+                expected_states.append(states)
+        accepted = None
+        if p.speculative:
+            accepted = torch.randint(1, T + 1, (batch,), generator=gen, dtype=torch.int32).to(p.device)
+            _sync(p.device)
+            t0 = time.perf_counter()
+            kernel.commit(state, slots, accepted)
+            _sync(p.device)
+            report.seconds += time.perf_counter() - t0
+        if check:
+            rows = torch.arange(batch - pad_rows, device=p.device)
+            pick = (accepted[: batch - pad_rows].long() - 1) if accepted is not None else torch.zeros_like(rows)
+            for layer, states in enumerate(expected_states):
+                want = states[rows, pick]
+                report.max_state_error = max(report.max_state_error,
+                                             oracle.rel_error(kernel.read_state(state, real, layer), want))
+            report.checked_layer_steps += layers
+        if progress is not None:
+            progress(step_index + 1)
+    for layer, snapshot in enumerate(before):
+        after = kernel.read_state(state, untouched, layer)
+        report.untouched_checked += len(untouched)
+        report.untouched_changed += int((after != snapshot).flatten(1).any(1).sum().item())
+    return report

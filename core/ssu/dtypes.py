@@ -1,0 +1,51 @@
+"""Dtype names: the framework speaks in short names ("fp32", "bf16", "fp16") so that configs,
+capabilities and listings never need torch; conversion to ``torch.dtype`` happens lazily."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ConfigError
+
+#: canonical short name for every spelling we accept
+_ALIASES = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+    "fp64": "fp64", "float64": "fp64", "double": "fp64", "torch.float64": "fp64",
+    "int32": "int32", "torch.int32": "int32",
+    "int64": "int64", "torch.int64": "int64",
+}
+
+#: dtypes a state cache may have
+STATE_DTYPES = ("fp32", "bf16", "fp16")
+#: dtypes the inputs x, B, C, z may have
+INPUT_DTYPES = ("bf16", "fp16", "fp32")
+#: dtypes of the slot index tensor
+INDEX_DTYPES = ("int32", "int64")
+
+#: bytes per element of each canonical name
+ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8, "int32": 4, "int64": 8}
+
+
+def dtype_name(value: Any, *, what: str = "dtype") -> str:
+    """Return the canonical short name of ``value`` (a string or a ``torch.dtype``).
+
+    >>> dtype_name("bfloat16")
+    'bf16'
+    """
+    key = str(value).lower()
+    if key in _ALIASES:
+        return _ALIASES[key]
+    valid = ", ".join(sorted({v for v in _ALIASES.values()}))
+    raise ConfigError(f"{what}: {value!r} is not a dtype ssu knows; use one of {valid}")
+
+
+def to_torch(name: str):
+    """The ``torch.dtype`` for a canonical name (imports torch)."""
+    import torch
+
+    return {
+        "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+        "fp64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+    }[dtype_name(name)]

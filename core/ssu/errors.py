@@ -1,0 +1,51 @@
+"""The exceptions of ``ssu``: one base class, three families, each message carrying its remedy.
+
+Every error the framework raises on purpose derives from :class:`SSUError`, so an engine can catch
+the family it cares about. Messages always say what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class SSUError(Exception):
+    """Base class of every error raised by ``ssu`` on purpose."""
+
+
+class ConfigError(SSUError, ValueError):
+    """A config file, config value, backend option or problem description is invalid."""
+
+
+class BackendError(SSUError, RuntimeError):
+    """A backend cannot be resolved, imported, or used for the requested problem."""
+
+
+class UnknownBackendError(BackendError, LookupError):
+    """The named backend is neither installed nor a known first-party backend."""
+
+
+class BackendNotInstalledError(BackendError, LookupError):
+    """The named backend is a known first-party backend whose distribution is not installed."""
+
+
+class BackendBrokenError(BackendError):
+    """The backend is installed but its plugin module failed to import or register."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend is installed and loads, but cannot run here or cannot serve this problem."""
+
+
+class InputError(SSUError, ValueError):
+    """A tensor passed to ``step``/``commit``/``read_state``/``write_state`` does not match the problem."""
+
+
+class BackendDisabledError(BackendError):
+    """The backend is installed but switched off by ``SSU_PLUGINS`` / ``SSU_DISABLE_PLUGINS``."""
+
+
+class BackendIncompatibleError(BackendError):
+    """The backend declares a plugin API version this core cannot serve."""
+
+
+class SSUWarning(UserWarning):
+    """Something was skipped rather than failing (a clashing or reserved entry point, say)."""

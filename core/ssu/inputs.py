@@ -1,0 +1,97 @@
+"""Random, realistic SSU inputs for a problem (used by ``ssu run``, ``ssu verify`` and tests).
+
+Values are drawn in fp32, then rounded to the problem's dtypes, so that a backend and the float64
+oracle see exactly the same numbers. Magnitudes follow a trained Mamba2 layer: A in [-8, -1], raw
+dt around -2..1 with softplus, unit-scale x, B, C and z. Never zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+from .dtypes import to_torch
+
+
+@attrs.define
+class StepInputs:
+    """One step's tensors, named like the arguments of ``Kernel.step``."""
+
+    x: object
+    dt: object
+    A: object
+    B: object
+    C: object
+    slots: object
+    D: object = None
+    z: object = None
+    dt_bias: object = None
+    dt_softplus: bool = True
+
+    def kwargs(self) -> dict:
+        return attrs.asdict(self, recurse=False)
+
+
+def layer_weights(problem, generator, *, with_D: bool = True, with_dt_bias: bool = True) -> dict:
+    """Per-head parameters of one layer: A (fp32), D and dt_bias (fp32) or None."""
+    import torch
+
+    H, dev = problem.nheads, problem.device
+    A = -torch.empty(H).uniform_(1.0, 8.0, generator=generator)
+    D = torch.randn(H, generator=generator) if with_D else None
+    dt_bias = torch.empty(H).uniform_(-3.0, 0.0, generator=generator) if with_dt_bias else None
+    return {k: (None if v is None else v.to(dev)) for k, v in {"A": A, "D": D, "dt_bias": dt_bias}.items()}
+
+
+def step_inputs(problem, slots, generator, *, tokens: Optional[int] = None, weights: Optional[dict] = None,
+                with_z: bool = True, dt_softplus: bool = True) -> StepInputs:
+    """Random inputs for one step of a batch with the given ``slots`` tensor."""
+    import torch
+
+    p = problem
+    b = slots.shape[0]
+    T = p.tokens_per_step if tokens is None else tokens
+    lead = (b, T) if p.multi_token else (b,)
+    dt_lead = lead
+    dtype = to_torch(p.input_dtype)
+    weights = layer_weights(p, generator) if weights is None else weights
+
+    def draw(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(p.device)
+
+    dt = (torch.rand(*dt_lead, p.nheads, generator=generator) * 3.0 - 2.0)
+    if not dt_softplus:
+        dt = dt.abs() * 0.1 + 0.01
+    return StepInputs(
+        x=draw(*lead, p.nheads, p.headdim),
+        dt=dt.to(dtype).to(p.device),
+        A=weights["A"],
+        B=draw(*lead, p.ngroups, p.dstate, scale=0.5),
+        C=draw(*lead, p.ngroups, p.dstate, scale=0.5),
+        slots=slots,
+        D=weights.get("D"),
+        z=draw(*lead, p.nheads, p.headdim) if with_z else None,
+        dt_bias=weights.get("dt_bias"),
+        dt_softplus=dt_softplus,
+    )
+
+
+def random_states(problem, count: int, generator):
+    """``count`` random fp32 states (count, H, P, N) of unit scale, on the problem's device."""
+    import torch
+
+    p = problem
+    return torch.randn(count, p.nheads, p.headdim, p.dstate, generator=generator).to(p.device)
+
+
+def pick_slots(problem, batch: int, generator, *, pad_rows: int = 0, index_dtype=None):
+    """``batch`` distinct slots in random order, the last ``pad_rows`` of them pad ids."""
+    import torch
+
+    p = problem
+    if batch - pad_rows > p.num_slots:
+        raise ValueError(f"batch {batch} needs {batch - pad_rows} distinct slots; the cache has {p.num_slots}")
+    real = torch.randperm(p.num_slots, generator=generator)[: batch - pad_rows]
+    slots = torch.cat([real, torch.full((pad_rows,), p.pad_slot_id)])
+    return slots.to(index_dtype or torch.int32).to(p.device)

@@ -1,0 +1,81 @@
+"""An independent float64 statement of SPEC.md's math, written for clarity, not speed.
+
+Used to test the reference backend (and, through it, every other one) and by ``ssu run`` to check
+the chosen backend along a decode. It works on plain tensors: no kernel, no state layout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+
+def softplus64(v):
+    """softplus(v) = log(1 + exp(v)), and v itself above 20 (SPEC.md)."""
+    import torch
+
+    return torch.where(v > 20.0, v, torch.log1p(torch.exp(torch.clamp(v, max=20.0))))
+
+
+def ssu_math64(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Apply T tokens to states.
+
+    ``state`` (b, H, P, N); ``x`` (b, T, H, P); ``dt`` (b, T, H); ``B``, ``C`` (b, T, G, N);
+    ``A``, ``D``, ``dt_bias`` (H,); ``z`` like x. Returns ``(states, out)``: the state after each
+    token (b, T, H, P, N) and the outputs (b, T, H, P), all float64.
+    """
+    import torch
+
+    f = torch.float64
+    b, T, H, P = x.shape
+    G = B.shape[2]
+    group_of_head = torch.arange(H, device=x.device) // (H // G)       # head h reads group h // (H/G)
+    s = state.to(f)
+    states, outs = [], []
+    for t in range(T):
+        d = dt[:, t].to(f) + (0.0 if dt_bias is None else dt_bias.to(f))
+        if dt_softplus:
+            d = softplus64(d)
+        decay = torch.exp(A.to(f) * d)                                  # (b, H)
+        Bt = B[:, t].to(f)[:, group_of_head]                            # (b, H, N)
+        Ct = C[:, t].to(f)[:, group_of_head]
+        xt = x[:, t].to(f)                                              # (b, H, P)
+        s = decay[:, :, None, None] * s + torch.einsum("bh,bhp,bhn->bhpn", d, xt, Bt)
+        y = torch.einsum("bhpn,bhn->bhp", s, Ct)
+        if D is not None:
+            y = y + D.to(f)[None, :, None] * xt
+        if z is not None:
+            zt = z[:, t].to(f)
+            y = y * zt / (1.0 + torch.exp(-zt))
+        states.append(s)
+        outs.append(y)
+    return torch.stack(states, 1), torch.stack(outs, 1)
+
+
+#: unit roundoff of each dtype (half the distance between 1 and the next number)
+EPS = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp64": 2.0 ** -53}
+
+
+def tolerance(state_dtype: str, input_dtype: str, tokens: int = 1) -> float:
+    """Relative error (``rel_error``) a correct backend stays under, documented in the README.
+
+    Inputs are rounded to ``input_dtype`` before both sides see them, so only the output rounding,
+    the cache rounding and fp32 accumulation count; a few units of the coarser dtype, plus slack
+    for the T tokens chained within a step.
+    """
+    coarse = max(EPS[state_dtype], EPS[input_dtype], 2.0 ** -20)
+    return 4.0 * coarse * math.sqrt(max(tokens, 1)) + 1e-5
+
+
+def rel_error(actual, expected) -> float:
+    """max |a - e| / max(max |e|, tiny): one number per tensor, robust to tiny entries."""
+    import torch
+
+    a = actual.to(torch.float64)
+    e = expected.to(torch.float64)
+    if a.shape != e.shape:
+        raise ValueError(f"shape {tuple(a.shape)} vs {tuple(e.shape)}")
+    if not torch.isfinite(a).all():
+        return math.inf
+    scale = max(e.abs().max().item(), 1e-30) if e.numel() else 1.0
+    return (a - e).abs().max().item() / scale if e.numel() else 0.0

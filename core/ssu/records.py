@@ -1,0 +1,193 @@
+"""Typed records exchanged between the core and backends (attrs, frozen).
+
+A backend declares itself with a :class:`BackendSpec` (name, plugin API version, capabilities,
+options class, description, url, factory). The core reports backends as :class:`BackendInfo` and
+explains every decision with :class:`Verdict` / :class:`Availability` reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import attrs
+
+from .dtypes import INDEX_DTYPES, INPUT_DTYPES, STATE_DTYPES
+
+#: The plugin API this core implements. A backend declaring another major, or a newer minor,
+#: is reported ``incompatible`` and never used. Hooks gain arguments in minor versions; none
+#: are removed before the next major.
+PLUGIN_API_VERSION = "1.0"
+
+
+def _frozen(values) -> frozenset:
+    return frozenset(values)
+
+
+def _optional_frozen(values) -> Optional[frozenset]:
+    return None if values is None else frozenset(values)
+
+
+@attrs.frozen
+class Capabilities:
+    """What a backend can do. The core refuses problems outside these before calling the backend.
+
+    ``headdims``/``dstates``/``nheads``/``ngroups`` are ``None`` for "any value".
+    """
+
+    devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
+    state_dtypes: frozenset = attrs.field(default=STATE_DTYPES, converter=_frozen)
+    input_dtypes: frozenset = attrs.field(default=INPUT_DTYPES, converter=_frozen)
+    index_dtypes: frozenset = attrs.field(default=INDEX_DTYPES, converter=_frozen)
+    max_tokens_per_step: int = 1
+    speculative: bool = False
+    headdims: Optional[frozenset] = attrs.field(default=None, converter=_optional_frozen)
+    dstates: Optional[frozenset] = attrs.field(default=None, converter=_optional_frozen)
+    nheads: Optional[frozenset] = attrs.field(default=None, converter=_optional_frozen)
+    ngroups: Optional[frozenset] = attrs.field(default=None, converter=_optional_frozen)
+    stochastic_rounding: bool = False
+    cuda_graphs: bool = False
+    torch_compile: bool = False
+
+    def check(self, problem: Any) -> list[str]:
+        """Reasons why ``problem`` is outside these capabilities (empty list: inside)."""
+        reasons: list[str] = []
+        if problem.device_type not in self.devices:
+            reasons.append(f"device {problem.device_type!r} not supported (supports {_names(self.devices)})")
+        if problem.state_dtype not in self.state_dtypes:
+            reasons.append(f"state dtype {problem.state_dtype} not supported (supports {_names(self.state_dtypes)})")
+        if problem.input_dtype not in self.input_dtypes:
+            reasons.append(f"input dtype {problem.input_dtype} not supported (supports {_names(self.input_dtypes)})")
+        if problem.speculative and not self.speculative:
+            reasons.append("speculative decoding (step then commit) not supported")
+        if problem.tokens_per_step > self.max_tokens_per_step:
+            reasons.append(
+                f"tokens_per_step={problem.tokens_per_step} exceeds the maximum {self.max_tokens_per_step}"
+            )
+        for field, allowed in (("headdim", self.headdims), ("dstate", self.dstates),
+                               ("nheads", self.nheads), ("ngroups", self.ngroups)):
+            value = getattr(problem, field)
+            if allowed is not None and value not in allowed:
+                reasons.append(f"{field}={value} not supported (supports {_names(allowed)})")
+        return reasons
+
+    def to_dict(self) -> dict:
+        """JSON-friendly form (sets become sorted lists)."""
+        return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in attrs.asdict(self).items()}
+
+
+def _names(values) -> str:
+    return ", ".join(str(v) for v in sorted(values, key=str))
+
+
+@attrs.frozen
+class Availability:
+    """Whether a backend can run on this machine at all; when not, why and how to fix it."""
+
+    available: bool
+    reason: str = ""
+    remedy: str = ""
+
+    def message(self) -> str:
+        return self.reason + (f"; {self.remedy}" if self.remedy else "")
+
+
+AVAILABLE = Availability(True)
+
+
+@attrs.frozen
+class Verdict:
+    """Whether a backend supports one problem: accepted, or rejected with every reason."""
+
+    ok: bool
+    reasons: tuple = attrs.field(default=(), converter=tuple)
+
+    @classmethod
+    def reject(cls, *reasons: str) -> "Verdict":
+        return cls(False, reasons)
+
+
+ACCEPT = Verdict(True)
+
+
+@attrs.frozen
+class BackendSpec:
+    """A backend's declaration, returned by its ``ssu_backend`` hook.
+
+    ``factory(ctx)`` returns the step callable (the hot path) for one opened kernel;
+    ``options_class`` is an attrs class validating ``[ssu.backends.<name>]``; ``priority``
+    orders backends under ``backend = "auto"`` (higher first; ``reference`` is always last).
+    """
+
+    name: str
+    api_version: str
+    factory: Callable[..., Callable]
+    capabilities: Capabilities = attrs.field(factory=Capabilities)
+    options_class: Optional[type] = None
+    description: str = ""
+    url: str = ""
+    priority: int = 0
+
+
+#: statuses a backend can be listed with
+STATUSES = ("installed", "available", "unavailable", "broken", "disabled", "incompatible")
+
+
+@attrs.frozen
+class BackendInfo:
+    """One discovered backend as ``ssu.list_backends()`` reports it.
+
+    ``status`` is ``installed`` (found, not imported yet), ``disabled`` (filtered by
+    ``SSU_PLUGINS``/``SSU_DISABLE_PLUGINS`` before import), or, once probed, ``available``,
+    ``unavailable``, ``broken`` or ``incompatible``; ``reason`` says why for the last four.
+    """
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    status: str
+    reason: str = ""
+    description: str = ""
+    capabilities: Optional[Capabilities] = None
+
+    def to_dict(self) -> dict:
+        data = attrs.asdict(self, recurse=False)
+        data["capabilities"] = self.capabilities.to_dict() if self.capabilities else None
+        return data
+
+
+@attrs.define(eq=False)
+class Context:
+    """What a backend knows about one opened kernel; passed to every lifecycle hook.
+
+    ``options`` is the backend's validated options instance (or ``None`` without an options
+    class); ``scratch`` is what ``ssu_allocate_scratch`` returned; ``memo`` is free for the
+    backend's own per-kernel data (compiled modules, tuned launch parameters).
+    """
+
+    problem: Any
+    options: Any
+    spec: BackendSpec
+    scratch: Any = None
+    memo: dict = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False)
+class State:
+    """The recurrent state of a group of layers, in a layout its backend owns.
+
+    ``buffers`` holds the backend's tensors by name (the core never interprets them); the
+    logical state is read and written only through the kernel's ``read_state`` /
+    ``write_state``. ``backend`` and ``problem`` let the core refuse a state handed to the wrong
+    kernel.
+    """
+
+    backend: str
+    problem: Any
+    num_layers: int
+    buffers: dict
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held by all buffers."""
+        return sum(t.numel() * t.element_size() for t in self.buffers.values())
