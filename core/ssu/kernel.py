@@ -26,8 +26,11 @@ def _checked_step(raw: Callable, checker: Checker, full: bool) -> Callable:
     seen: set = set()
 
     def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
-        key = step_key(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
-        if key not in seen:
+        try:
+            key = step_key(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
+        except AttributeError:  # not a tensor: the full check names the argument
+            key = None
+        if key is None or key not in seen:
             checker.step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
             if len(seen) >= _MAX_SIGNATURES:
                 seen.clear()
@@ -101,7 +104,8 @@ class Kernel:
 
     def commit(self, state: State, slots, num_accepted) -> None:
         """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last
-        step, for every layer of ``state``. Once per step, after the last layer."""
+        step, for every layer of ``state``. Once per step, after the last layer: every layer of
+        the group must have been stepped with these slots since the previous commit."""
         if self.config.validate:
             key = (id(state), slots.shape, slots.dtype, slots.device,
                    getattr(num_accepted, "shape", None), getattr(num_accepted, "dtype", None),

@@ -30,10 +30,12 @@ def _describe(tp: Any) -> str:
         return " or ".join(_describe(a) for a in typing.get_args(tp))
     if origin in (list, tuple):
         args = typing.get_args(tp)
-        return f"a list of {_describe(args[0])}" if args else "a list"
+        plural = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
     if tp is type(None):
         return "nothing (omit the key)"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            dict: "a table"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def matches(value: Any, tp: Any) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import os
 import re
-import traceback
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Optional
 
@@ -210,7 +209,7 @@ class Registry:
                 f"backend {name!r} ({found.distribution} {found.version}) is installed but failed to import "
                 f"{found.module}: {type(exc).__name__}: {exc}\n"
                 f"  fix the import error (often a missing or mismatched dependency), or reinstall "
-                f"{found.distribution}\n" + "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+                f"{found.distribution}"
             )
             error.__cause__ = exc
             self._broken[name] = error
