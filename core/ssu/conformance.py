@@ -67,7 +67,9 @@ def _oracle(kernel, start, inputs):
 
 def check_step(kernel, gen, *, with_options: bool = True) -> None:
     """One step (one commit if speculative) against the oracle: outputs of every row, pad rows
-    included; new states of the batch; every other slot and layer bit-identical."""
+    included; new states of the batch; every other slot bit-identical. Without speculation only
+    layer 1 is stepped and layer 0 must not change; with it every layer is stepped, as commit
+    covers the whole group."""
     import torch
 
     p = kernel.problem
@@ -77,36 +79,38 @@ def check_step(kernel, gen, *, with_options: bool = True) -> None:
     pad = 1 if b >= 2 else 0
     slots = pick_slots(p, b, gen, pad_rows=pad)
     real = slots[: b - pad].long()
-    layer = 1
-    weights = layer_weights(p, gen, with_D=with_options, with_dt_bias=with_options)
-    inputs = step_inputs(p, slots, gen, weights=weights, with_z=with_options, dt_softplus=with_options)
-    start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
-    start[: b - pad] = before[layer][real]
-    states, outs = _oracle(kernel, start, inputs)
-    out = torch.full_like(inputs.x, float("nan"))
-    kernel.step(state, out=out, layer=layer, **inputs.kwargs())
-    got = out if p.multi_token else out[:, None]
-    _expect_close("outputs", got, outs, tol)
-    if p.speculative:
-        logical = kernel.read_state(state, real, layer)
-        if not torch.equal(logical, before[layer][real]):
+    stepped = list(range(state.num_layers)) if p.speculative else [1]
+    expected = {}
+    for layer in stepped:
+        weights = layer_weights(p, gen, with_D=with_options, with_dt_bias=with_options)
+        inputs = step_inputs(p, slots, gen, weights=weights, with_z=with_options, dt_softplus=with_options)
+        start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
+        start[: b - pad] = before[layer][real]
+        states, outs = _oracle(kernel, start, inputs)
+        out = torch.full_like(inputs.x, float("nan"))
+        kernel.step(state, out=out, layer=layer, **inputs.kwargs())
+        _expect_close(f"outputs of layer {layer}", out if p.multi_token else out[:, None], outs, tol)
+        if p.speculative and not torch.equal(kernel.read_state(state, real, layer), before[layer][real]):
             raise CheckFailure("a speculative step changed the logical state before commit")
+        expected[layer] = states
+    if p.speculative:
         accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)
         kernel.commit(state, slots, accepted)
         pick = accepted[: b - pad].long() - 1
     else:
         pick = torch.zeros(b - pad, dtype=torch.long, device=p.device)
     rows = torch.arange(b - pad, device=p.device)
-    _expect_close("new states", kernel.read_state(state, real, layer), states[rows, pick], tol)
+    for layer, states in expected.items():
+        _expect_close(f"new states of layer {layer}", kernel.read_state(state, real, layer), states[rows, pick], tol)
     every = torch.arange(p.num_slots, device=p.device)
     others = torch.ones(p.num_slots, dtype=torch.bool, device=p.device)
     others[real] = False
-    for lay in range(state.num_layers):
-        now = kernel.read_state(state, every, lay)
-        mask = others if lay == layer else torch.ones_like(others)
-        if not torch.equal(now[mask], before[lay][mask]):
-            changed = every[mask][(now[mask] != before[lay][mask]).flatten(1).any(1)].tolist()
-            raise CheckFailure(f"slots {changed[:8]} of layer {lay} changed, but the step did not name them")
+    for layer in range(state.num_layers):
+        now = kernel.read_state(state, every, layer)
+        mask = others if layer in expected else torch.ones_like(others)
+        if not torch.equal(now[mask], before[layer][mask]):
+            changed = every[mask][(now[mask] != before[layer][mask]).flatten(1).any(1)].tolist()
+            raise CheckFailure(f"slots {changed[:8]} of layer {layer} changed, but the step did not name them")
 
 
 def check_decode(kernel, gen, steps: int = 4) -> None:

@@ -1,0 +1,82 @@
+"""The ``ssu`` command line: outputs, exit codes (0 ok, 1 wrong, 2 usage/config), no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ssu.cli.main import main
+
+SMALL = ["--nheads", "4", "--headdim", "8", "--dstate", "16", "--ngroups", "2", "--batch", "2"]
+
+
+def test_backends_json(capsys):
+    assert main(["backends", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ref = next(b for b in data["backends"] if b["name"] == "reference")
+    assert ref["status"] == "available" and ref["distribution"] == "ssu-core"
+    assert ref["capabilities"]["speculative"] is True
+
+
+def test_backends_text(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "reference" in out and "available" in out
+
+
+def test_explain(capsys):
+    assert main(["explain", *SMALL]) == 0
+    assert "-> reference: selected" in capsys.readouterr().out
+    assert main(["explain", "--backend", "flashinfer,reference", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "pip install ssu-backend-flashinfer" in out and "-> reference: selected" in out
+    assert main(["explain", "--backend", "flashinfer", *SMALL]) == 2
+
+
+def test_check_config(tmp_path, capsys):
+    good = tmp_path / "ssu.toml"
+    good.write_text('[ssu]\nbackend = ["reference"]\nvalidate = false\n')
+    assert main(["check-config", str(good)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[ssu]\nbackend = "reference"\n[ssu.backends.refrence]\nx = 1\n')
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'reference'" in err and "Traceback" not in err
+    assert main(["check-config", str(tmp_path / "missing.toml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_run_small(capsys):
+    assert main(["run", "--layers", "2", "--steps", "3", *SMALL]) == 0
+    out = capsys.readouterr().out
+    for word in ("backend         reference", "steps/s", "per layer-step", "GB/s", "max error", "result          OK"):
+        assert word in out
+
+
+def test_run_speculative_with_pad_rows(capsys):
+    assert main(["run", "--layers", "2", "--steps", "3", "--tokens", "3", "--pad-rows", "1",
+                 "--state-dtype", "bf16", *SMALL]) == 0
+    assert "result          OK" in capsys.readouterr().out
+
+
+def test_run_config_errors_exit_2(capsys):
+    assert main(["run", "--backend", "tritn", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'triton'" in err and "Traceback" not in err
+    assert main(["run", "--state-dtype", "int8", *SMALL]) == 2
+    assert "not a dtype" in capsys.readouterr().err
+
+
+def test_verify_reference(capsys):
+    assert main(["verify", "--backend", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "0 failed" in out and "FAIL" not in out
+
+
+def test_usage_error_exit_2():
+    result = subprocess.run([sys.executable, "-m", "ssu.cli.main", "frobnicate"], capture_output=True, text=True)
+    assert result.returncode == 2 and "invalid choice" in result.stderr
