@@ -1,0 +1,124 @@
+"""The per-kernel launcher: launch parameters per batch, the step callable, scratch runs.
+
+``table[b]`` holds the (BLOCK_P, num_warps) used for a batch of ``b`` rows: pinned by options,
+tuned by warmup (or loaded from the tuning cache at open), else the per-shape default.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ssu.slot_state import versions
+
+from . import tuning
+from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
+from .kernel import launch
+
+
+class Launcher:
+    def __init__(self, ctx) -> None:
+        p = self.problem = ctx.problem
+        self.options = ctx.options
+        self.versions = versions(p)
+        self.seed = (ctx.scratch or {}).get("seed")
+        on_cuda = p.device_type == "cuda"
+        self.gpu = torch.cuda.get_device_name(torch.device(p.device)) if on_cuda else "cpu-interpreter"
+        self.triton_version = triton.__version__
+        self.table: list = [None] * (p.max_batch + 1)
+        self._scratch_cursor = None
+        self._scratch_out: dict = {}
+        for bucket in tuning.buckets(p.max_batch):
+            self.set_bucket(bucket, self.pinned() or tuning.default_config(p, bucket))
+        if on_cuda and self.pinned() is None:  # reuse what an earlier process tuned
+            cached = tuning.read_cache(tuning.cache_path(self.options.tuning_cache))
+            for bucket in tuning.buckets(p.max_batch):
+                entry = cached.get(self.cache_key(bucket))
+                if entry:
+                    self.set_bucket(bucket, tuple(entry["config"]))
+
+    # launch parameters ---------------------------------------------------------------------------
+    def pinned(self):
+        o = self.options
+        if not o.block_p and not o.num_warps:
+            return None
+        block_p, warps = tuning.default_config(self.problem, self.problem.max_batch)
+        return (o.block_p or block_p, o.num_warps or warps)
+
+    def set_bucket(self, bucket: int, config) -> None:
+        """Use ``config`` for every batch size in (bucket / 2, bucket]."""
+        for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
+            self.table[b] = tuple(config)
+
+    def cache_key(self, bucket: int) -> str:
+        return tuning.cache_key(self.problem, bucket, self.gpu, self.triton_version, self.options.stochastic_rounding)
+
+    # the step ------------------------------------------------------------------------------------
+    def make_step(self):
+        p = self.problem
+        table = self.table
+        seed = self.seed
+        consts = dict(pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
+                      versions=self.versions, stochastic=self.options.stochastic_rounding,
+                      philox_rounds=self.options.philox_rounds)
+        is_compiling = torch.compiler.is_compiling
+        op = torch.ops.ssu_triton.step
+
+        def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+            if out is None:
+                out = torch.empty_like(x)
+            block_p, num_warps = table[x.shape[0]]
+            buffers = state.buffers
+            cursor = buffers.get("cursor")
+            if is_compiling():
+                op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
+                   block_p=block_p, num_warps=num_warps, **consts)
+            else:
+                launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
+                       block_p=block_p, num_warps=num_warps, **consts)
+            if seed is not None:
+                seed.add_(1)
+            return out
+
+        return step
+
+    # warmup helpers ------------------------------------------------------------------------------
+    def run_scratch(self, config, ssm, slots, inputs) -> None:
+        """One launch on scratch state ``ssm`` (1, S, K, H, P, N) with the given config."""
+        p = self.problem
+        cursor = None
+        if p.speculative:
+            if self._scratch_cursor is None or self._scratch_cursor.numel() < ssm.shape[1] + 1:
+                self._scratch_cursor = torch.zeros(ssm.shape[1] + 1, dtype=torch.int32, device=ssm.device)
+            cursor = self._scratch_cursor
+        key = id(inputs)
+        if key not in self._scratch_out:
+            self._scratch_out[key] = torch.empty_like(inputs.x)
+        launch(ssm, cursor, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
+               inputs.dt_bias, inputs.dt_softplus, self._scratch_out[key], self.seed,
+               pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
+               versions=self.versions, block_p=config[0], num_warps=config[1],
+               stochastic=self.options.stochastic_rounding, philox_rounds=self.options.philox_rounds)
+
+    def compile_all(self) -> None:
+        """Compile every configuration in the table for int32 and int64 slots (on scratch), so that
+        CUDA-graph capture afterwards compiles nothing."""
+        from ssu.inputs import step_inputs
+
+        p = self.problem
+        gen = torch.Generator().manual_seed(0)
+        ssm = torch.zeros(1, 2, self.versions, p.nheads, p.headdim, p.dstate, device=p.device,
+                          dtype=self._state_dtype())
+        for index_dtype in (torch.int32, torch.int64):
+            slots = torch.tensor([0, p.pad_slot_id], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
+            inputs = step_inputs(p, slots, gen)
+            for config in sorted(set(c for c in self.table if c is not None)):
+                self.run_scratch(config, ssm, slots, inputs)
+        self._scratch_out.clear()
+        if p.device_type == "cuda":
+            torch.cuda.synchronize()
+
+    def _state_dtype(self):
+        from ssu.dtypes import to_torch
+
+        return to_torch(self.problem.state_dtype)

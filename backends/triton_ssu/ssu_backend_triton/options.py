@@ -1,0 +1,28 @@
+"""Options of the ``triton`` backend: ``[ssu.backends.triton]`` in ssu.toml."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+from ssu.options import choice, in_range
+
+BLOCK_P_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)
+
+
+@attrs.frozen
+class TritonOptions:
+    """``block_p`` / ``num_warps`` pin the launch parameters (0: tuned by warmup, else a default
+    per shape). ``tuning_cache`` is the JSON file of tuned parameters (default
+    ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
+    ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
+    Philox rounds (off by default; fp16 state only)."""
+
+    block_p: int = attrs.field(default=0, validator=choice(0, *BLOCK_P_CHOICES))
+    num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
+    tuning_cache: Optional[str] = None
+    stochastic_rounding: bool = False
+    philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))
+    tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))

@@ -1,0 +1,160 @@
+"""Hooks of the ``triton`` backend. Importing this module imports neither torch nor triton."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+
+import ssu
+from ssu import slot_state
+
+from .options import TritonOptions
+
+NAME = "triton"
+MAX_TOKENS = 16
+MAX_DSTATE = 512
+MAX_HEADDIM = 512
+
+
+def _log(message: str) -> None:
+    print(f"[ssu triton] {message}", file=sys.stderr, flush=True)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+@ssu.hookimpl
+def ssu_backend():
+    return ssu.BackendSpec(
+        name=NAME,
+        api_version=ssu.PLUGIN_API_VERSION,
+        factory=_factory,
+        capabilities=ssu.Capabilities(devices={"cuda", "cpu"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
+                                      stochastic_rounding=True, cuda_graphs=True, torch_compile=True),
+        options_class=TritonOptions,
+        description="Triton SSU kernel: one state read and T writes per sequence, tuned per batch bucket",
+        url="https://github.com/ssu-project/ssu/tree/main/backends/triton_ssu",
+        priority=50,
+    )
+
+
+@ssu.hookimpl
+def ssu_probe(device):
+    if importlib.util.find_spec("triton") is None:
+        return ssu.Availability(False, "the triton package is not installed", "pip install triton")
+    kind = str(device).split(":", 1)[0]
+    if kind == "cpu":
+        if interpreting():
+            return ssu.AVAILABLE
+        return ssu.Availability(False, "on the CPU Triton runs only in its interpreter",
+                                "set TRITON_INTERPRET=1 (slow; meant for tests) or use device='cuda'")
+    from ssu.devices import torch_device_availability
+
+    availability = torch_device_availability(device)
+    if not availability.available:
+        return availability
+    if kind == "cuda":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 0):
+            return ssu.Availability(False, f"compute capability {major}.{minor} is below 8.0 (bf16 loads need Ampere)",
+                                    "use an Ampere or newer GPU, or the reference backend")
+    return ssu.AVAILABLE
+
+
+@ssu.hookimpl
+def ssu_supports(problem, options):
+    reasons = []
+    if options.stochastic_rounding and problem.state_dtype != "fp16":
+        reasons.append(f"stochastic_rounding applies to an fp16 state cache only (state is {problem.state_dtype})")
+    if problem.dstate > MAX_DSTATE:
+        reasons.append(f"dstate={problem.dstate} exceeds {MAX_DSTATE} (one program holds a whole state row)")
+    if problem.headdim > MAX_HEADDIM:
+        reasons.append(f"headdim={problem.headdim} exceeds {MAX_HEADDIM}")
+    return ssu.Verdict.reject(*reasons) if reasons else ssu.ACCEPT
+
+
+@ssu.hookimpl
+def ssu_allocate_state(ctx, num_layers):
+    return slot_state.allocate(ctx.problem, num_layers, NAME)
+
+
+@ssu.hookimpl
+def ssu_allocate_scratch(ctx):
+    """The Philox seed of stochastic rounding lives on the device, advanced by each step, so that
+    a CUDA graph replays with fresh random bits."""
+    import torch
+
+    if not ctx.options.stochastic_rounding:
+        return {}
+    return {"seed": torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64).to(ctx.problem.device)}
+
+
+@ssu.hookimpl
+def ssu_commit(ctx, state, slots, num_accepted):
+    slot_state.commit(state, slots, num_accepted)
+
+
+@ssu.hookimpl
+def ssu_read_state(ctx, state, slots, layer):
+    return slot_state.read(state, slots, layer)
+
+
+@ssu.hookimpl
+def ssu_write_state(ctx, state, slots, values, layer):
+    slot_state.write(state, slots, values, layer)
+
+
+@ssu.hookimpl
+def ssu_warmup(ctx, state, step):
+    """Compile and tune: per batch bucket, time candidate launch parameters on scratch states
+    (never the live ``state``), keep the fastest, save them in the JSON cache. Buckets found in
+    the cache are only compiled."""
+    from . import tuning
+    from .engine import Launcher
+
+    launcher: Launcher = ctx.memo["launcher"]
+    p = ctx.problem
+    if p.device_type != "cuda":
+        _log("warmup on the CPU (interpreter): nothing to compile or tune")
+        return
+    path = tuning.cache_path(ctx.options.tuning_cache)
+    cached = tuning.read_cache(path)
+    fresh = {}
+    configs = tuning.candidates(p)
+    for bucket in tuning.buckets(p.max_batch):
+        key = launcher.cache_key(bucket)
+        pinned = launcher.pinned()
+        if pinned is not None:
+            launcher.set_bucket(bucket, pinned)
+            continue
+        if key in cached:
+            launcher.set_bucket(bucket, tuple(cached[key]["config"]))
+            _log(f"batch {bucket:5d}: tuned config {tuple(cached[key]['config'])} from {path}")
+            continue
+        t0 = time.perf_counter()
+        best = tuning.tune_bucket(p, bucket, launcher.run_scratch, configs, ctx.options.tune_iterations, _log)
+        if best is None:
+            _log(f"batch {bucket:5d}: every candidate failed; keeping the default")
+            continue
+        config, us = best
+        launcher.set_bucket(bucket, config)
+        fresh[key] = {"config": list(config), "us": round(us, 2)}
+        _log(f"batch {bucket:5d}: tuned (BLOCK_P, num_warps) = {config}, {us:.1f} us "
+             f"({len(configs)} candidates, {time.perf_counter() - t0:.1f} s)")
+    tuning.write_cache(path, fresh)
+    launcher.compile_all()
+    if fresh and path is not None:
+        _log(f"saved {len(fresh)} tuned bucket(s) to {path}")
+
+
+def _factory(ctx):
+    from .engine import Launcher
+
+    launcher = Launcher(ctx)
+    ctx.memo["launcher"] = launcher
+    return launcher.make_step()
