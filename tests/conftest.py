@@ -1,55 +1,11 @@
-"""Shared fixtures: fake distributions on disk, small problems, seeded generators."""
+"""Shared fixtures: fake distributions on disk, seeded generators."""
 
 from __future__ import annotations
-
-import importlib.metadata as metadata
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-import ssu
-from ssu.registry import GROUP, Registry
-
-
-class FakeSite:
-    """A directory of fake installed distributions (dist-info metadata + modules).
-
-    ``add(dist, {backend: "module"}, modules={"module": source})`` writes one distribution;
-    ``registry(env=...)`` returns a Registry that sees exactly these distributions plus the real
-    ssu-core (for ``reference``). Modules become importable through ``sys.path``.
-    """
-
-    def __init__(self, root: Path, monkeypatch) -> None:
-        self.root = root
-        self.root.mkdir(parents=True, exist_ok=True)
-        monkeypatch.syspath_prepend(str(root))
-        self._modules: list[str] = []
-
-    def add(self, dist: str, entry_points: dict, *, version: str = "1.0", modules: dict | None = None,
-            info_name: str | None = None) -> None:
-        info = self.root / f"{info_name or dist.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        lines = "\n".join(f"{name} = {value}" for name, value in entry_points.items())
-        (info / "entry_points.txt").write_text(f"[{GROUP}]\n{lines}\n")
-        for name, source in (modules or {}).items():
-            (self.root / f"{name}.py").write_text(textwrap.dedent(source))
-            self._modules.append(name)
-
-    def entry_points(self) -> list:
-        eps = [ep for d in metadata.distributions(path=[str(self.root)]) for ep in d.entry_points if ep.group == GROUP]
-        core = [ep for ep in metadata.entry_points(group=GROUP) if ep.name == "reference"]
-        return core + eps
-
-    def registry(self, env: dict | None = None) -> Registry:
-        return Registry(entry_points=self.entry_points(), env=env or {})
-
-    def cleanup(self) -> None:
-        for name in self._modules:
-            sys.modules.pop(name, None)
+from fakes import FakeSite
 
 
 @pytest.fixture
@@ -57,57 +13,6 @@ def fake_site(tmp_path, monkeypatch):
     site = FakeSite(tmp_path / "site", monkeypatch)
     yield site
     site.cleanup()
-
-
-#: a working CPU backend module for fake distributions: delegates everything to the reference
-GOOD_BACKEND = '''
-import ssu
-from ssu import slot_state
-from ssu.reference.math import make_step
-
-NAME = "{name}"
-API = "{api}"
-PRIORITY = {priority}
-AVAILABLE = {available}
-
-@ssu.hookimpl
-def ssu_backend():
-    return ssu.BackendSpec(name=NAME, api_version=API, factory=make_step, priority=PRIORITY,
-                           options_class=globals().get("OPTIONS"),
-                           capabilities=ssu.Capabilities(devices={{"cpu"}}, max_tokens_per_step=4, speculative=True),
-                           description="fake backend " + NAME)
-
-@ssu.hookimpl
-def ssu_probe(device):
-    return ssu.AVAILABLE if AVAILABLE else ssu.Availability(False, "no frobnicator here", "install a frobnicator")
-
-@ssu.hookimpl
-def ssu_allocate_state(ctx, num_layers):
-    return slot_state.allocate(ctx.problem, num_layers, NAME)
-
-@ssu.hookimpl
-def ssu_commit(ctx, state, slots, num_accepted):
-    slot_state.commit(state, slots, num_accepted)
-
-@ssu.hookimpl
-def ssu_read_state(ctx, state, slots, layer):
-    return slot_state.read(state, slots, layer)
-
-@ssu.hookimpl
-def ssu_write_state(ctx, state, slots, values, layer):
-    slot_state.write(state, slots, values, layer)
-'''
-
-
-def good_backend(name: str, *, api: str = ssu.PLUGIN_API_VERSION, priority: int = 0, available: bool = True) -> str:
-    return GOOD_BACKEND.format(name=name, api=api, priority=priority, available=available)
-
-
-def small_problem(**overrides) -> ssu.Problem:
-    fields = dict(nheads=4, headdim=8, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="fp32",
-                  num_slots=10, max_batch=4)
-    fields.update(overrides)
-    return ssu.Problem(**fields)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import torch
 import ssu
 from ssu.registry import Registry
 
-from conftest import small_problem
+from fakes import small_problem
 
 
 def test_open_needs_a_problem():

@@ -14,7 +14,7 @@ from ssu import oracle
 from ssu.dtypes import to_torch
 from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
 
-from conftest import small_problem
+from fakes import small_problem
 
 
 def scalar_math(state, x, dt, A, B, C, D, z, dt_bias, softplus):

@@ -10,7 +10,7 @@ import pytest
 import ssu
 from ssu.registry import Registry
 
-from conftest import good_backend
+from fakes import good_backend
 
 
 def status(registry: Registry, name: str, probe: bool = True):
@@ -177,6 +177,6 @@ class _InProcess:
 
 
 def _problem():
-    from conftest import small_problem
+    from fakes import small_problem
 
     return small_problem()

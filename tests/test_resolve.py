@@ -9,7 +9,7 @@ import ssu
 from ssu.options import choice
 from ssu.resolve import explain
 
-from conftest import good_backend, small_problem
+from fakes import good_backend, small_problem
 
 OPTIONS_BACKEND = good_backend("tuned") + '''
 import attrs

@@ -10,7 +10,7 @@ import ssu
 from ssu import validation
 from ssu.inputs import pick_slots, random_states, step_inputs
 
-from conftest import small_problem
+from fakes import small_problem
 
 
 @pytest.fixture

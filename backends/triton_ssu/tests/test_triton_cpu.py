@@ -1,0 +1,148 @@
+"""The triton backend against the reference on small hypothesis-drawn problems (Triton's
+interpreter on the CPU in CI; the real GPU when there is one), options, availability, tuning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssu
+from ssu_backend_triton import tuning
+
+from triton_helpers import DEVICE, compare_steps
+
+
+def problem(**fields):
+    base = dict(nheads=4, headdim=8, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="bf16",
+                num_slots=8, max_batch=4, device=DEVICE)
+    base.update(fields)
+    return ssu.Problem(**base)
+
+
+problems = st.builds(
+    lambda H, G, P, N, state, inp, T, batch: problem(
+        nheads=H, ngroups=G, headdim=P, dstate=N, state_dtype=state, input_dtype=inp, num_slots=batch + 3,
+        max_batch=batch, tokens_per_step=T, speculative=T > 1),
+    H=st.sampled_from([2, 4]), G=st.sampled_from([1, 2]), P=st.sampled_from([4, 5, 8, 16]),
+    N=st.sampled_from([4, 12, 16]), state=st.sampled_from(["fp32", "bf16", "fp16"]),
+    inp=st.sampled_from(["bf16", "fp16", "fp32"]), T=st.sampled_from([1, 1, 2, 3]), batch=st.integers(1, 4))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=problems, pad=st.integers(0, 1), options=st.booleans(), int64=st.booleans(), seed=st.integers(0, 2**16),
+       data=st.data())
+def test_matches_reference(p, pad, options, int64, seed, data):
+    gen = torch.Generator().manual_seed(seed)
+    pad = min(pad, p.max_batch - 1)
+    tokens = data.draw(st.integers(1, p.tokens_per_step))
+    compare_steps(p, gen, steps=2, pad=pad, options=options, tokens=tokens,
+                  index_dtype=torch.int64 if int64 else torch.int32)
+
+
+def test_non_power_of_two_shapes_and_layers(gen):
+    compare_steps(problem(headdim=10, dstate=12, nheads=6, ngroups=3, num_slots=9), gen, steps=2, layers=2, pad=1)
+
+
+def test_speculative_decode_with_commits(gen):
+    p = problem(tokens_per_step=4, speculative=True, state_dtype="bf16")
+    compare_steps(p, gen, steps=5, pad=1, layers=2)
+
+
+def test_commit_copies_no_state(gen):
+    from ssu.inputs import step_inputs
+
+    p = problem(tokens_per_step=3, speculative=True)
+    kernel = ssu.open(ssu.Config(backend="triton"), p)
+    state = kernel.allocate_state()
+    slots = torch.tensor([1, 4], dtype=torch.int32, device=DEVICE)
+    kernel.step(state, **step_inputs(p, slots, gen).kwargs())
+    before = state.buffers["ssm"].clone()
+    kernel.commit(state, slots, torch.tensor([3, 1], dtype=torch.int32, device=DEVICE))
+    assert torch.equal(state.buffers["ssm"], before)
+
+
+def test_stochastic_rounding_fp16(gen):
+    p = problem(state_dtype="fp16")
+    compare_steps(p, gen, steps=2, kernel_options={"stochastic_rounding": True, "philox_rounds": 7})
+
+
+def test_options_and_refusals():
+    with pytest.raises(ssu.BackendUnavailableError, match="stochastic_rounding applies to an fp16 state cache only"):
+        ssu.open(ssu.Config(backend="triton", backends={"triton": {"stochastic_rounding": True}}), problem())
+    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.triton: block_p=3 is not valid"):
+        ssu.open(ssu.Config(backend="triton", backends={"triton": {"block_p": 3}}), problem())
+    with pytest.raises(ssu.ConfigError, match=r"philox_rounds=11 is out of range; use 1 to 10"):
+        ssu.open(ssu.Config(backend="triton", backends={"triton": {"philox_rounds": 11}}), problem())
+    with pytest.raises(ssu.BackendUnavailableError, match="dstate=1024 exceeds 512"):
+        ssu.open(ssu.Config(backend="triton"), problem(dstate=1024))
+
+
+def test_pinned_launch_parameters(gen):
+    compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1})
+
+
+def test_cpu_needs_the_interpreter(monkeypatch):
+    from ssu_backend_triton.plugin import ssu_probe
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    availability = ssu_probe("cpu")
+    assert not availability.available and "TRITON_INTERPRET=1" in availability.remedy
+
+
+def test_missing_triton_is_reported(monkeypatch):
+    import importlib.util
+
+    from ssu_backend_triton.plugin import ssu_probe
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    availability = ssu_probe("cuda")
+    assert not availability.available and availability.remedy == "pip install triton"
+
+
+def test_tuning_helpers(tmp_path, monkeypatch):
+    p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
+    assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert tuning.buckets(1) == [1]
+    block_p, warps = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 4096 and warps in (2, 4)
+    assert tuning.candidates(p)
+    path = tmp_path / "cache.json"
+    tuning.write_cache(path, {"a": {"config": [8, 4]}})
+    tuning.write_cache(path, {"b": {"config": [16, 4]}})
+    assert set(tuning.read_cache(path)) == {"a", "b"}
+    path.write_text("{not json")
+    assert tuning.read_cache(path) == {}
+    monkeypatch.setenv("SSU_TRITON_TUNING_CACHE", str(tmp_path / "env.json"))
+    assert tuning.cache_path(None) == tmp_path / "env.json"
+    assert tuning.cache_path("") is None
+    monkeypatch.delenv("SSU_TRITON_TUNING_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning.cache_path(None) == tmp_path / "ssu" / "triton-tuning.json"
+
+
+def test_torch_compile_custom_op(gen):
+    """The step inside torch.compile goes through torch.ops.ssu_triton.step (fake impl traced)."""
+    from ssu.inputs import pick_slots, step_inputs
+
+    p = problem()
+    kernel = ssu.open(ssu.Config(backend="triton", validate=False), p)
+    reference = ssu.open(ssu.Config(backend="reference"), p)
+    ts, rs = kernel.allocate_state(), reference.allocate_state()
+    slots = pick_slots(p, 3, gen)
+    inputs = step_inputs(p, slots, gen).kwargs()
+    out = torch.empty_like(inputs["x"])
+
+    def layer(x, dt, B, C, z):
+        kernel.step(ts, x, dt, inputs["A"], B, C, slots, D=inputs["D"], z=z, dt_bias=inputs["dt_bias"],
+                    dt_softplus=True, out=out)
+        return out * 2
+
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    got = compiled(inputs["x"], inputs["dt"], inputs["B"], inputs["C"], inputs["z"])
+    want = reference.step(rs, **inputs) * 2
+    assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert torch.allclose(kernel.read_state(ts, slots), reference.read_state(rs, slots), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,135 @@
+"""The triton backend on a real GPU: model shapes, CUDA graphs, warmup, the tuning cache across
+processes, stochastic rounding. Skipped without CUDA (``-m gpu`` selects these)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import ssu
+from ssu.inputs import pick_slots, random_states, step_inputs
+
+from triton_helpers import compare_steps, open_pair, seeded_states
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {  # (H, P, N, G) of SPEC.md's models, plus N = 96
+    "nemotron-h-8b": (128, 64, 128, 8),
+    "nemotron-nano-9b-v2": (128, 80, 128, 8),
+    "nemotron-h-56b": (256, 64, 256, 8),
+    "granite-4.0-h": (128, 64, 128, 1),
+    "n96": (64, 64, 96, 8),
+}
+
+
+def cuda_problem(shape="nemotron-h-8b", **fields):
+    H, P, N, G = SHAPES[shape]
+    base = dict(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype="fp32", input_dtype="bf16",
+                num_slots=96, max_batch=64, device="cuda")
+    base.update(fields)
+    return ssu.Problem(**base)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_model_shapes_match_reference(shape, state_dtype, tokens, gen):
+    p = cuda_problem(shape, state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
+    compare_steps(p, gen, steps=3, pad=3, layers=2, index_dtype=torch.int64 if tokens > 1 else torch.int32)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_cuda_graph_capture_and_replay(tokens, gen):
+    """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
+    p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1)
+    kernel = ssu.open(ssu.Config(backend="triton"), p)
+    eager_state, graph_state = seeded_states((kernel, kernel), p, gen, layers=2)
+    kernel.warmup(graph_state)
+    slots = pick_slots(p, 48, gen, pad_rows=2)
+    inputs = [step_inputs(p, slots, gen).kwargs() for _ in range(2)]
+    outs = [torch.empty_like(i["x"]) for i in inputs]
+    accepted = torch.randint(1, tokens + 1, (48,), generator=gen, dtype=torch.int32).cuda()
+
+    def decode_step(state, out_list):
+        for layer in range(2):
+            kernel.step(state, out=out_list[layer], layer=layer, **inputs[layer])
+        if p.speculative:
+            kernel.commit(state, slots, accepted)
+
+    decode_step(graph_state, outs)  # eager once (validates the signature, compiles nothing new)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_step(graph_state, outs)
+    eager_outs = [torch.empty_like(o) for o in outs]
+    decode_step(eager_state, eager_outs)
+    for _ in range(3):
+        graph.replay()
+        decode_step(eager_state, eager_outs)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(outs, eager_outs))
+    assert torch.equal(graph_state.buffers["ssm"], eager_state.buffers["ssm"])
+
+
+def test_warmup_leaves_state_intact(gen, tmp_path):
+    p = cuda_problem(max_batch=256, num_slots=300)
+    kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": {"tuning_cache": str(tmp_path / "t.json")}}), p)
+    (state,) = seeded_states((kernel,), p, gen, layers=2)
+    before = {k: v.clone() for k, v in state.buffers.items()}
+    kernel.warmup(state)
+    assert all(torch.equal(before[k], state.buffers[k]) for k in before)
+    assert (tmp_path / "t.json").is_file()
+
+
+SECOND_PROCESS = textwrap.dedent("""
+    import torch, ssu
+    p = ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8, num_slots=80, max_batch=64, device="cuda")
+    k = ssu.open(ssu.Config(backend="triton"), p)
+    k.warmup(k.allocate_state())
+    print("TABLE", k._ctx.memo["launcher"].table[64])
+""")
+
+
+def test_tuning_cache_reused_by_a_second_process(tmp_path):
+    env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(tmp_path / "tuning.json"))
+    first = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "tuned (BLOCK_P, num_warps)" in first.stderr
+    second = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "tuned (BLOCK_P, num_warps)" not in second.stderr and "from " in second.stderr
+    assert first.stdout.split("TABLE")[1] == second.stdout.split("TABLE")[1]
+
+
+def test_stochastic_rounding_is_unbiased(gen):
+    """Many sequences with the same state and inputs: the mean of the stochastically rounded fp16
+    states approaches the exact fp32 value; round-to-nearest keeps its bias."""
+    shape = dict(nheads=8, headdim=16, dstate=32, ngroups=1, input_dtype="fp32", num_slots=512, max_batch=512,
+                 device="cuda")
+    sr_problem = ssu.Problem(state_dtype="fp16", **shape)
+    exact_problem = ssu.Problem(state_dtype="fp32", **shape)
+    sr = ssu.open(ssu.Config(backend="triton", backends={"triton": {"stochastic_rounding": True}}), sr_problem)
+    rtn = ssu.open(ssu.Config(backend="triton"), sr_problem)
+    exact = ssu.open(ssu.Config(backend="triton"), exact_problem)
+    start = random_states(sr_problem, 1, gen).half().float().expand(512, -1, -1, -1).contiguous()
+    slots = torch.arange(512, dtype=torch.int32, device="cuda")
+    one = step_inputs(sr_problem, slots[:1], gen)
+    inputs = {k: (v.expand(512, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v)
+              for k, v in one.kwargs().items()}
+    inputs["slots"] = slots
+    results = {}
+    for name, kernel in (("sr", sr), ("rtn", rtn), ("exact", exact)):
+        state = kernel.allocate_state()
+        kernel.write_state(state, slots.long(), start)
+        kernel.step(state, **inputs)
+        results[name] = kernel.read_state(state, slots.long())
+    bias_sr = (results["sr"] - results["exact"]).mean(0).abs().mean().item()
+    bias_rtn = (results["rtn"] - results["exact"]).mean(0).abs().mean().item()
+    spread = (results["sr"] - results["exact"]).abs().mean().item()
+    assert spread > 0  # stochastic rounding really varies between sequences
+    assert bias_sr < 0.5 * bias_rtn, (bias_sr, bias_rtn)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One device-machine session: install the repository, run the GPU tests and the benchmark,
+# leave logs under $OUT. Usage (from the repository root, on the GPU machine):
+#   source .device/prelude.sh; bash benchmarks/gpu_session.sh [tests|bench|all] [extra bench args...]
+set -uo pipefail
+what=${1:-all}; shift || true
+OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+if [[ $what == tests || $what == all ]]; then
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider backends 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+fi
+if [[ $what == bench || $what == all ]]; then
+  timeout 400 python3 benchmarks/ssu_bench.py --out "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^\[ssu' | tail -60
+fi
