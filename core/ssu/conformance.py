@@ -202,6 +202,69 @@ def check_bad_inputs(kernel, gen) -> None:
         raise CheckFailure("a refused call wrote to the state")
 
 
+def open_pair(backend: str, problem, options=None, registry=None):
+    """The backend's kernel and a reference kernel for the same problem."""
+    from .kernel import open_kernel
+
+    kernel = open_kernel(Config(backend=backend, backends={backend: options} if options else {}), problem,
+                         registry=registry)
+    return kernel, open_kernel(Config(backend="reference"), problem, registry=registry)
+
+
+def seeded_states(kernels, problem, gen, layers=1):
+    """Allocate a state per kernel, all slots of every layer set to the same random values."""
+    import torch
+
+    states = [k.allocate_state(num_layers=layers) for k in kernels]
+    every = torch.arange(problem.num_slots, device=problem.device)
+    for layer in range(layers):
+        values = random_states(problem, problem.num_slots, gen)
+        for k, s in zip(kernels, states):
+            k.write_state(s, every, values, layer)
+    return states
+
+
+def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, pad=0, index_dtype=None,
+                           options=True, tokens=None, layers=1, backend_options=None, registry=None):
+    """Drive ``backend`` and the reference through ``steps`` steps (and commits) from the same
+    random states with the same inputs; raise :class:`CheckFailure` unless outputs and states
+    agree within :func:`ssu.oracle.tolerance` and every buffer row of the slots outside the batch
+    is bit-identical afterwards. Returns the backend's kernel and state."""
+    import torch
+
+    index_dtype = torch.int32 if index_dtype is None else index_dtype
+    tk, rk = open_pair(backend, problem, backend_options, registry)
+    ts, rs = seeded_states((tk, rk), problem, gen, layers)
+    b = batch or problem.max_batch
+    slots = pick_slots(problem, b, gen, pad_rows=pad, index_dtype=index_dtype)
+    real = slots[: b - pad].long()
+    untouched = torch.ones(problem.num_slots, dtype=torch.bool, device=problem.device)
+    untouched[real] = False
+    raw_before = {k: v[:, untouched].clone() for k, v in ts.buffers.items()
+                  if v.dim() >= 2 and v.shape[1] == problem.num_slots}
+    T = tokens or problem.tokens_per_step
+    tol = oracle.tolerance(problem.state_dtype, problem.input_dtype, T)
+    weights = [layer_weights(problem, gen, with_D=options, with_dt_bias=options) for _ in range(layers)]
+    for _ in range(steps):
+        for layer in range(layers):
+            inputs = step_inputs(problem, slots, gen, tokens=T, weights=weights[layer], with_z=options,
+                                 dt_softplus=options)
+            out_t = torch.full_like(inputs.x, float("nan"))
+            tk.step(ts, out=out_t, layer=layer, **inputs.kwargs())
+            out_r = rk.step(rs, layer=layer, **inputs.kwargs())
+            _expect_close(f"outputs of layer {layer}", out_t, out_r, tol)
+        if problem.speculative:
+            accepted = torch.randint(1, T + 1, (b,), generator=gen, dtype=torch.int32).to(problem.device)
+            tk.commit(ts, slots, accepted)
+            rk.commit(rs, slots, accepted)
+        for layer in range(layers):
+            _expect_close(f"states of layer {layer}", tk.read_state(ts, real, layer), rk.read_state(rs, real, layer), tol)
+    for name, before in raw_before.items():
+        if not torch.equal(ts.buffers[name][:, untouched], before):
+            raise CheckFailure(f"buffer {name!r}: a slot outside the batch was touched")
+    return tk, ts
+
+
 CHECKS: dict[str, Callable] = {
     "step vs oracle (D, z, dt_bias, softplus, pad row)": check_step,
     "step vs oracle (no D, z, dt_bias, softplus)": lambda k, g: check_step(k, g, with_options=False),

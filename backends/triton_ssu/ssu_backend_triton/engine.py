@@ -27,7 +27,6 @@ class Launcher:
         self.triton_version = triton.__version__
         self.table: list = [None] * (p.max_batch + 1)
         self._scratch_cursor = None
-        self._scratch_out: dict = {}
         for bucket in tuning.buckets(p.max_batch):
             self.set_bucket(bucket, self.pinned() or tuning.default_config(p, bucket))
         if on_cuda and self.pinned() is None:  # reuse what an earlier process tuned
@@ -83,7 +82,7 @@ class Launcher:
         return step
 
     # warmup helpers ------------------------------------------------------------------------------
-    def run_scratch(self, config, ssm, slots, inputs) -> None:
+    def run_scratch(self, config, ssm, slots, inputs, out) -> None:
         """One launch on scratch state ``ssm`` (1, S, K, H, P, N) with the given config."""
         p = self.problem
         cursor = None
@@ -91,11 +90,8 @@ class Launcher:
             if self._scratch_cursor is None or self._scratch_cursor.numel() < ssm.shape[1] + 1:
                 self._scratch_cursor = torch.zeros(ssm.shape[1] + 1, dtype=torch.int32, device=ssm.device)
             cursor = self._scratch_cursor
-        key = id(inputs)
-        if key not in self._scratch_out:
-            self._scratch_out[key] = torch.empty_like(inputs.x)
         launch(ssm, cursor, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
-               inputs.dt_bias, inputs.dt_softplus, self._scratch_out[key], self.seed,
+               inputs.dt_bias, inputs.dt_softplus, out, self.seed,
                pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
                versions=self.versions, block_p=config[0], num_warps=config[1],
                stochastic=self.options.stochastic_rounding, philox_rounds=self.options.philox_rounds)
@@ -112,9 +108,9 @@ class Launcher:
         for index_dtype in (torch.int32, torch.int64):
             slots = torch.tensor([0, p.pad_slot_id], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
             inputs = step_inputs(p, slots, gen)
+            out = torch.empty_like(inputs.x)
             for config in sorted(set(c for c in self.table if c is not None)):
-                self.run_scratch(config, ssm, slots, inputs)
-        self._scratch_out.clear()
+                self.run_scratch(config, ssm, slots, inputs, out)
         if p.device_type == "cuda":
             torch.cuda.synchronize()
 

@@ -31,7 +31,7 @@ def ssu_kernel(
     o_b, o_t, o_h, o_p,
     has_d, has_z, has_dt_bias, softplus,
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
-    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
@@ -46,10 +46,13 @@ def ssu_kernel(
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
-    mask_n = offs_n < N
     # a pad row's state tile is fully masked: it reads zeros and writes nothing
     state_rows = tl.where(valid, P, 0)
-    state_mask = (offs_p < state_rows)[:, None] & mask_n[None, :]
+    if EVEN_N:  # no mask along N: the masks stay constant along rows and loads stay vectorised
+        state_mask = (offs_p < state_rows)[:, None]
+    else:
+        mask_n = offs_n < N
+        state_mask = (offs_p < state_rows)[:, None] & mask_n[None, :]
 
     if SPECULATIVE:
         cur = tl.load(cursor_ptr + safe_slot).to(tl.int64)
@@ -77,8 +80,14 @@ def ssu_kernel(
             d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
         decay = tl.exp(a * d)
         x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
-        Bv = tl.load(B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
-        Cv = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+        B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
+        C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
+        if EVEN_N:
+            Bv = tl.load(B_ptrs).to(tl.float32)
+            Cv = tl.load(C_ptrs).to(tl.float32)
+        else:
+            Bv = tl.load(B_ptrs, mask=mask_n, other=0.0).to(tl.float32)
+            Cv = tl.load(C_ptrs, mask=mask_n, other=0.0).to(tl.float32)
         s = s * decay + (d * x)[:, None] * Bv[None, :]
         y = tl.sum(s * Cv[None, :], axis=1)
         if has_d:
@@ -139,6 +148,6 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         os_[0], os_[1], os_[2], os_[3],
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
         T=T, K=versions, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N), SPECULATIVE=speculative, STOCHASTIC=stochastic,
+        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, SPECULATIVE=speculative, STOCHASTIC=stochastic,
         PHILOX_ROUNDS=philox_rounds, num_warps=num_warps,
     )

@@ -109,7 +109,7 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
 def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable) -> tuple:
     """Time every config for one batch bucket on scratch; returns (best config, its microseconds).
 
-    ``run(config, scratch_ssm, slots, inputs)`` launches one step on the scratch state.
+    ``run(config, scratch_ssm, slots, inputs, out)`` launches one step on the scratch state.
     """
     import torch
 
@@ -128,9 +128,11 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
                           dtype=to_torch(p.state_dtype)).normal_(generator=None)
     slot_sets = [torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)]
     inputs = [step_inputs(p, s, gen) for s in slot_sets]
+    outs = [torch.empty_like(i.x) for i in inputs]
     best = None
     for config in configs:
-        launches = [(lambda c=config, s=s, i=i: run(c, scratch, s, i)) for s, i in zip(slot_sets, inputs)]
+        launches = [(lambda c=config, s=s, i=i, o=o: run(c, scratch, s, i, o))
+                    for s, i, o in zip(slot_sets, inputs, outs)]
         launches = (launches * -(-iterations // len(launches)))[:max(iterations, len(launches))]
         try:
             us = graph_time_us(launches, replays=5, warmup=1)

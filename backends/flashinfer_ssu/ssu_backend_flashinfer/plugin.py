@@ -1,0 +1,144 @@
+"""Hooks of the ``flashinfer`` backend. Importing this module imports neither torch nor flashinfer.
+
+State layout: the versioned slots of :mod:`ssu.slot_state` (shared with the reference and triton
+backends). Without speculation each slot has one version and FlashInfer updates it in place. With
+speculation (T tokens) each slot has T + 1 versions seen by FlashInfer as ``num_slots * (T + 1)``
+cache rows: the step reads row ``slot * K + cursor`` and writes token t's state to row
+``slot * K + (cursor + 1 + t) % K`` (FlashInfer's ``dst_state_batch_indices``); ``commit`` moves
+the cursor only.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import ssu
+from ssu import slot_state
+
+from .availability import compute_capability, flashinfer_availability
+from .options import FlashInferOptions
+
+NAME = "flashinfer"
+MAX_TOKENS = 16
+_logged: set = set()
+
+
+def log(message: str) -> None:
+    print(f"[ssu flashinfer] {message}", file=sys.stderr, flush=True)
+
+
+@ssu.hookimpl
+def ssu_backend():
+    return ssu.BackendSpec(
+        name=NAME,
+        api_version=ssu.PLUGIN_API_VERSION,
+        factory=_factory,
+        capabilities=ssu.Capabilities(devices={"cuda"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
+                                      stochastic_rounding=True, cuda_graphs=True, torch_compile=True),
+        options_class=FlashInferOptions,
+        description="FlashInfer selective_state_update (JIT-compiled CUDA), algorithm choice, destination slots",
+        url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_ssu",
+        priority=40,
+    )
+
+
+@ssu.hookimpl
+def ssu_probe(device):
+    return flashinfer_availability(device)
+
+
+def algorithm_problems(problem, options, capability) -> list[str]:
+    """Why ``options.algorithm`` cannot serve ``problem`` on a GPU of ``capability``."""
+    algo = options.algorithm
+    reasons = []
+    if algo in ("vertical", "horizontal"):
+        major, minor = capability
+        if problem.tokens_per_step > 1 and major < 10:
+            reasons.append(f"algorithm {algo!r} with several tokens per step needs SM100 (Blackwell); "
+                           f"this GPU is SM{major}{minor}: use algorithm = \"simple\" or \"auto\"")
+        elif major < 9:
+            reasons.append(f"algorithm {algo!r} needs SM90 or newer; this GPU is SM{major}{minor}")
+        elif algo == "vertical" and (problem.headdim % 16 or problem.headdim < 48):
+            reasons.append(f"algorithm 'vertical' needs headdim a multiple of 16 and >= 48, got {problem.headdim}")
+        elif algo == "horizontal" and (problem.headdim % 64 or problem.headdim > 256):
+            reasons.append(f"algorithm 'horizontal' needs headdim a multiple of 64 and <= 256, got {problem.headdim}")
+    return reasons
+
+
+@ssu.hookimpl
+def ssu_supports(problem, options):
+    reasons = []
+    if options.stochastic_rounding and problem.state_dtype != "fp16":
+        reasons.append(f"stochastic_rounding applies to an fp16 state cache only (state is {problem.state_dtype})")
+    if problem.device_type == "cuda":
+        reasons += algorithm_problems(problem, options, compute_capability(problem.device))
+    return ssu.Verdict.reject(*reasons) if reasons else ssu.ACCEPT
+
+
+@ssu.hookimpl
+def ssu_allocate_state(ctx, num_layers):
+    return slot_state.allocate(ctx.problem, num_layers, NAME)
+
+
+@ssu.hookimpl
+def ssu_allocate_scratch(ctx):
+    """Index buffers of the speculative path (read rows, destination rows per token), zero
+    D vectors for calls without D, and the stochastic-rounding seed: all before any capture."""
+    from .translate import allocate_scratch
+
+    return allocate_scratch(ctx.problem, ctx.options)
+
+
+@ssu.hookimpl
+def ssu_commit(ctx, state, slots, num_accepted):
+    slot_state.commit(state, slots, num_accepted)
+    ctx.scratch["indices_for"] = None  # the next step recomputes its cache rows
+
+
+@ssu.hookimpl
+def ssu_read_state(ctx, state, slots, layer):
+    return slot_state.read(state, slots, layer)
+
+
+@ssu.hookimpl
+def ssu_write_state(ctx, state, slots, values, layer):
+    slot_state.write(state, slots, values, layer)
+
+
+@ssu.hookimpl
+def ssu_warmup(ctx, state, step):
+    """JIT-compile every FlashInfer module the problem needs (state dtype, input dtype, dt dtype =
+    input dtype, tokens, each index dtype of ``warmup_index_dtypes``) by running one step on
+    scratch rows, with a line per module: built, or found in FlashInfer's JIT cache."""
+    from .translate import warm_module
+
+    for index_dtype in ctx.options.warmup_index_dtypes:
+        t0 = time.perf_counter()
+        cached, name = warm_module(ctx, index_dtype)
+        took = time.perf_counter() - t0
+        where = "found in FlashInfer's JIT cache" if cached else "compiled"
+        log(f"module {name}: {where} ({took:.1f} s)")
+
+
+def _factory(ctx):
+    from .translate import make_step
+
+    key = (ctx.options.algorithm, ctx.problem.device, ctx.problem.tokens_per_step)
+    if key not in _logged:
+        _logged.add(key)
+        log(f"algorithm: {describe_algorithm(ctx.options.algorithm, ctx.problem)}")
+    return make_step(ctx)
+
+
+def describe_algorithm(algorithm: str, problem) -> str:
+    """The effective algorithm, as FlashInfer resolves it on this GPU."""
+    if algorithm != "auto":
+        return algorithm
+    major, minor = compute_capability(problem.device)
+    if problem.tokens_per_step > 1:
+        return "auto -> simple (several tokens per step" + ("" if major >= 10 else f", SM{major}{minor}") + ")"
+    if major < 9:
+        return f"auto -> simple (SM{major}{minor})"
+    return ("auto -> simple while batch x heads < 2 x SMs, else vertical" if major < 10 else
+            "auto -> simple for small batches, else vertical (fp32 state) / horizontal (16-bit state)")

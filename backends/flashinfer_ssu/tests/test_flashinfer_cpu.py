@@ -1,0 +1,160 @@
+"""FlashInfer backend logic that needs no GPU: options, availability, capability refusals, and our
+call checked against the installed FlashInfer's real signature and stride rules."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+
+import pytest
+import torch
+
+import ssu
+from ssu.inputs import pick_slots, step_inputs
+from ssu_backend_flashinfer import availability, plugin, translate
+from ssu_backend_flashinfer.options import FlashInferOptions
+from ssu.options import build
+
+
+def problem(**fields):
+    base = dict(nheads=8, headdim=64, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="bf16",
+                num_slots=10, max_batch=4)
+    base.update(fields)
+    return ssu.Problem(**base)
+
+
+def test_options_validation():
+    assert build(FlashInferOptions, {"algorithm": "simple"}, "ssu.backends.flashinfer").algorithm == "simple"
+    with pytest.raises(ssu.ConfigError, match="'diagonal' is not valid; use one of 'auto', 'simple', 'vertical', 'horizontal'"):
+        build(FlashInferOptions, {"algorithm": "diagonal"}, "ssu.backends.flashinfer")
+    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.flashinfer\.algoritm: unknown option \(did you mean 'algorithm'\?\)"):
+        build(FlashInferOptions, {"algoritm": "simple"}, "ssu.backends.flashinfer")
+    with pytest.raises(ssu.ConfigError, match="philox_rounds=0 is out of range"):
+        build(FlashInferOptions, {"philox_rounds": 0}, "ssu.backends.flashinfer")
+    with pytest.raises(ssu.ConfigError, match="warmup_index_dtypes"):
+        build(FlashInferOptions, {"warmup_index_dtypes": ["int16"]}, "ssu.backends.flashinfer")
+
+
+@pytest.mark.parametrize("algo, cc, tokens, headdim, pattern", [
+    ("vertical", (9, 0), 4, 64, r"needs SM100 \(Blackwell\); this GPU is SM90"),
+    ("horizontal", (9, 0), 2, 64, r"needs SM100 \(Blackwell\); this GPU is SM90"),
+    ("vertical", (8, 0), 1, 64, "needs SM90 or newer; this GPU is SM80"),
+    ("vertical", (9, 0), 1, 40, "multiple of 16 and >= 48"),
+    ("horizontal", (9, 0), 1, 80, "multiple of 64 and <= 256"),
+])
+def test_algorithm_refusals(algo, cc, tokens, headdim, pattern):
+    p = problem(headdim=headdim, tokens_per_step=tokens, speculative=tokens > 1)
+    reasons = plugin.algorithm_problems(p, FlashInferOptions(algorithm=algo), cc)
+    assert len(reasons) == 1 and __import__("re").search(pattern, reasons[0])
+
+
+@pytest.mark.parametrize("algo, cc, tokens", [("simple", (9, 0), 4), ("auto", (9, 0), 4), ("vertical", (9, 0), 1),
+                                               ("horizontal", (9, 0), 1), ("vertical", (10, 0), 4)])
+def test_algorithm_accepted(algo, cc, tokens):
+    p = problem(tokens_per_step=tokens, speculative=tokens > 1)
+    assert plugin.algorithm_problems(p, FlashInferOptions(algorithm=algo), cc) == []
+
+
+def test_stochastic_rounding_needs_fp16_state():
+    verdict = plugin.ssu_supports(problem(), FlashInferOptions(stochastic_rounding=True))
+    assert not verdict.ok and "fp16 state cache only" in verdict.reasons[0]
+
+
+def test_availability_on_cpu_and_missing_library(monkeypatch):
+    got = availability.flashinfer_availability("cpu")
+    assert not got.available and "CUDA devices only" in got.reason
+    real = importlib.metadata.version
+
+    def fake_version(name):
+        if name == "flashinfer-python":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", fake_version)
+    got = availability.flashinfer_availability("cuda")
+    assert not got.available and got.remedy == "pip install 'flashinfer-python>=0.7.4'"
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.7.2")
+    got = availability.flashinfer_availability("cuda")
+    assert not got.available and "older than 0.7.4" in got.reason and "head dims 32 and 96" in got.reason
+
+
+def test_missing_nvcc_is_reported(monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(availability.shutil, "which", lambda name: None)
+    monkeypatch.setattr(availability.Path, "is_file", lambda self: False)
+    assert availability.find_nvcc() is None
+
+
+def test_named_backend_on_cpu_is_refused_with_reason():
+    with pytest.raises(ssu.BackendUnavailableError, match="FlashInfer runs on CUDA devices only"):
+        ssu.open(ssu.Config(backend="flashinfer"), problem())
+
+
+def _fi_signature():
+    from flashinfer.mamba import selective_state_update
+
+    return inspect.signature(selective_state_update)
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("with_options", [True, False])
+def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_options, gen):
+    """Our call binds to the installed FlashInfer's selective_state_update and meets the layout
+    rules its C++ checks (broadcast A, dt, D, dt_bias; contiguous heads)."""
+    spec = tokens > 1
+    p = problem(tokens_per_step=tokens, speculative=spec)
+    options = FlashInferOptions(algorithm="simple")
+    slots = pick_slots(p, 3, gen, pad_rows=1)
+    inputs = step_inputs(p, slots, gen, with_z=with_options)
+    K = tokens + 1 if spec else 1
+    rows = torch.zeros(p.num_slots * K, p.nheads, p.headdim, p.dstate)
+    scratch = translate.allocate_scratch(p, options)
+    cursor = torch.zeros(p.num_slots + 1, dtype=torch.int32)
+    read, dst = translate.speculative_rows(scratch, p, cursor, slots, tokens) if spec else (slots, None)
+    D = inputs.D.to(inputs.dt.dtype) if with_options else scratch["zero_D"][inputs.dt.dtype]
+    dt_bias = inputs.dt_bias.to(inputs.dt.dtype) if with_options else None
+    kwargs = translate.fi_arguments(p, options, rows, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, D,
+                                    inputs.z, dt_bias, True, torch.empty_like(inputs.x), read, dst, None)
+    bound = _fi_signature().bind(**kwargs)  # raises TypeError on a renamed or removed argument
+    assert bound.arguments["algorithm"] == "simple"
+    H, P, N = p.nheads, p.headdim, p.dstate
+    assert kwargs["A"].shape == (H, P, N) and kwargs["A"].stride() == (1, 0, 0)
+    assert kwargs["D"].shape == (H, P) and kwargs["D"].stride() == (1, 0)
+    assert kwargs["dt"].shape == inputs.x.shape and kwargs["dt"].stride()[-2:] == (1, 0)
+    if with_options:
+        assert kwargs["dt_bias"].stride() == (1, 0) and kwargs["dt_bias"].dtype == kwargs["dt"].dtype
+    assert kwargs["D"].dtype == kwargs["dt"].dtype
+    assert kwargs["x"].stride(-2) == P and kwargs["x"].stride(-1) == 1
+    assert kwargs["state"].stride()[1:] == (P * N, N, 1)
+    if spec:
+        assert kwargs["dst_state_batch_indices"].shape == (3, tokens) and kwargs["cache_steps"] == tokens
+        assert kwargs["state_batch_indices"].dtype == kwargs["dst_state_batch_indices"].dtype
+
+
+def test_speculative_rows(gen):
+    p = problem(tokens_per_step=3, speculative=True)
+    scratch = translate.allocate_scratch(p, FlashInferOptions())
+    cursor = torch.zeros(p.num_slots + 1, dtype=torch.int32)
+    cursor[4], cursor[7] = 2, 3
+    slots = torch.tensor([4, -1, 7], dtype=torch.int64)
+    read, dst = translate.speculative_rows(scratch, p, cursor, slots, 3)
+    K = 4
+    assert read.tolist() == [4 * K + 2, -1, 7 * K + 3]
+    assert dst[0].tolist() == [4 * K + 3, 4 * K + 0, 4 * K + 1]
+    assert dst[2].tolist() == [7 * K + 0, 7 * K + 1, 7 * K + 2]
+    again = translate.speculative_rows(scratch, p, cursor, slots, 3)  # cached until commit
+    assert again[0].data_ptr() == read.data_ptr()
+    scratch["indices_for"] = None
+    cursor[4] = 0
+    assert translate.speculative_rows(scratch, p, cursor, slots, 3)[0][0].item() == 4 * K
+
+
+def test_weights_converted_once_per_tensor():
+    cache = translate.WeightCache()
+    D = torch.randn(8)
+    first = cache(D, torch.bfloat16)
+    assert first.dtype == torch.bfloat16 and cache(D, torch.bfloat16) is first
+    D.mul_(2)  # modified in place: converted again
+    again = cache(D, torch.bfloat16)
+    assert again is not first and torch.equal(again, D.to(torch.bfloat16))

@@ -1,0 +1,145 @@
+"""The flashinfer backend on a real GPU against the reference: model shapes, hypothesis-drawn
+batches and options, pad rows, speculative decoding with commits, CUDA graphs, stochastic
+rounding, warmup and FlashInfer's JIT cache across processes. Skipped without CUDA.
+
+Every distinct (state dtype, input dtype, headdim, dstate, tokens, index dtype) is a FlashInfer
+module compiled on first use (about 26 s), so the shapes here are few and fixed; hypothesis draws
+what varies within a module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssu
+from ssu.conformance import compare_with_reference, seeded_states
+from ssu.inputs import pick_slots, random_states, step_inputs
+
+pytestmark = pytest.mark.gpu
+
+MODULES = {  # name: (H, P, N, G, state dtype, tokens)
+    "8b-fp32": (128, 64, 128, 8, "fp32", 1),
+    "8b-bf16": (128, 64, 128, 8, "bf16", 1),
+    "8b-fp32-T4": (128, 64, 128, 8, "fp32", 4),
+    "9b-v2-p80": (128, 80, 128, 8, "fp32", 1),
+    "56b-n256": (256, 64, 256, 8, "bf16", 1),
+}
+
+
+def cuda_problem(name, **fields):
+    H, P, N, G, state, T = MODULES[name]
+    base = dict(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state, input_dtype="bf16", num_slots=80,
+                max_batch=48, tokens_per_step=T, speculative=T > 1, device="cuda")
+    base.update(fields)
+    return ssu.Problem(**base)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_model_shapes_match_reference(name, gen):
+    compare_with_reference("flashinfer", cuda_problem(name), gen, steps=3, pad=3, layers=2)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 48), pad=st.integers(0, 3), options=st.booleans(), seed=st.integers(0, 2**16),
+       name=st.sampled_from(["8b-fp32", "8b-fp32-T4"]))
+def test_hypothesis_batches_and_options(batch, pad, options, seed, name):
+    gen = torch.Generator().manual_seed(seed)
+    compare_with_reference("flashinfer", cuda_problem(name), gen, steps=2, batch=batch, pad=min(pad, batch - 1),
+                           options=options)
+
+
+@pytest.mark.parametrize("algorithm", ["simple", "vertical", "horizontal"])
+def test_algorithms_one_token(algorithm, gen):
+    compare_with_reference("flashinfer", cuda_problem("8b-fp32"), gen, steps=2, pad=1,
+                           backend_options={"algorithm": algorithm})
+
+
+def test_sm100_algorithms_refused_at_open_on_hopper():
+    if torch.cuda.get_device_capability()[0] >= 10:
+        pytest.skip("this GPU runs them")
+    with pytest.raises(ssu.BackendUnavailableError, match=r"needs SM100 \(Blackwell\); this GPU is SM90"):
+        ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": {"algorithm": "vertical"}}),
+                 cuda_problem("8b-fp32-T4"))
+
+
+@pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
+def test_cuda_graph_capture_and_replay(name, gen):
+    p = cuda_problem(name)
+    kernel = ssu.open(ssu.Config(backend="flashinfer"), p)
+    eager_state, graph_state = seeded_states((kernel, kernel), p, gen, layers=2)
+    kernel.warmup(graph_state)
+    slots = pick_slots(p, 40, gen, pad_rows=2)
+    inputs = [step_inputs(p, slots, gen).kwargs() for _ in range(2)]
+    outs = [torch.empty_like(i["x"]) for i in inputs]
+    accepted = torch.randint(1, p.tokens_per_step + 1, (40,), generator=gen, dtype=torch.int32).cuda()
+
+    def decode_step(state, out_list):
+        for layer in range(2):
+            kernel.step(state, out=out_list[layer], layer=layer, **inputs[layer])
+        if p.speculative:
+            kernel.commit(state, slots, accepted)
+
+    decode_step(graph_state, outs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_step(graph_state, outs)
+    eager_outs = [torch.empty_like(o) for o in outs]
+    decode_step(eager_state, eager_outs)
+    for _ in range(3):
+        graph.replay()
+        decode_step(eager_state, eager_outs)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(outs, eager_outs))
+    assert torch.equal(graph_state.buffers["ssm"], eager_state.buffers["ssm"])
+
+
+def test_stochastic_rounding_is_unbiased(gen):
+    shape = dict(nheads=8, headdim=64, dstate=128, ngroups=1, input_dtype="bf16", num_slots=512, max_batch=512,
+                 device="cuda")
+    fp16 = ssu.Problem(state_dtype="fp16", **shape)
+    sr = ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": {"stochastic_rounding": True}}), fp16)
+    rtn = ssu.open(ssu.Config(backend="reference"), fp16)
+    exact = ssu.open(ssu.Config(backend="reference"), ssu.Problem(state_dtype="fp32", **shape))
+    start = random_states(fp16, 1, gen).half().float().expand(512, -1, -1, -1).contiguous()
+    slots = torch.arange(512, dtype=torch.int32, device="cuda")
+    one = step_inputs(fp16, slots[:1], gen).kwargs()
+    inputs = {k: (v.expand(512, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v)
+              for k, v in one.items()}
+    inputs.update(slots=slots, D=one["D"].to(torch.bfloat16), dt_bias=one["dt_bias"].to(torch.bfloat16))
+    results = {}
+    for name, kernel in (("sr", sr), ("rtn", rtn), ("exact", exact)):
+        state = kernel.allocate_state()
+        kernel.write_state(state, slots.long(), start)
+        kernel.step(state, **inputs)
+        results[name] = kernel.read_state(state, slots.long())
+    bias_sr = (results["sr"] - results["exact"]).mean(0).abs().mean().item()
+    bias_rtn = (results["rtn"] - results["exact"]).mean(0).abs().mean().item()
+    assert bias_sr < 0.5 * bias_rtn, (bias_sr, bias_rtn)
+
+
+WARM = textwrap.dedent("""
+    import ssu
+    p = ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8, state_dtype="fp32", input_dtype="bf16",
+                    num_slots=8, max_batch=8, device="cuda")
+    k = ssu.open(ssu.Config(backend="flashinfer"), p)
+    state = k.allocate_state()
+    k.warmup(state)
+""")
+
+
+def test_warmup_reports_the_jit_cache_in_a_second_process():
+    first = subprocess.run([sys.executable, "-c", WARM], capture_output=True, text=True, timeout=600, env=os.environ)
+    assert first.returncode == 0, first.stderr
+    assert "module state=fp32 input=bf16" in first.stderr
+    second = subprocess.run([sys.executable, "-c", WARM], capture_output=True, text=True, timeout=600, env=os.environ)
+    assert second.returncode == 0, second.stderr
+    assert "found in FlashInfer's JIT cache" in second.stderr

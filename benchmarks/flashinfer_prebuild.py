@@ -1,0 +1,41 @@
+"""Compile FlashInfer modules in parallel processes (each is about 26 s of nvcc on an H200
+machine), so that the tests and the benchmark that follow find them in FlashInfer's JIT cache.
+
+    python benchmarks/flashinfer_prebuild.py "fp32,bf16,128,64,1,int32" "fp32,bf16,128,64,4,int32" ...
+
+Each spec is state dtype, input dtype, dstate, headdim, tokens, index dtype[, sr].
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+WARM = """
+import sys, ssu
+state, inp, N, P, T, index, *sr = sys.argv[1].split(",")
+p = ssu.Problem(nheads=8, headdim=int(P), dstate=int(N), ngroups=1, state_dtype=state, input_dtype=inp,
+                num_slots=4, max_batch=2, tokens_per_step=int(T), speculative=int(T) > 1, device="cuda")
+options = {"warmup_index_dtypes": [index], "stochastic_rounding": bool(sr)}
+k = ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": options}), p)
+k.warmup(k.allocate_state())
+"""
+
+
+def main(specs: list[str]) -> int:
+    t0 = time.perf_counter()
+    procs = [(spec, subprocess.Popen([sys.executable, "-c", WARM, spec], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)) for spec in specs]
+    failed = 0
+    for spec, proc in procs:
+        out, _ = proc.communicate()
+        lines = [line for line in out.splitlines() if "module" in line or "Error" in line]
+        print(f"{spec}: rc={proc.returncode} {lines[-1] if lines else out[-300:]}")
+        failed += proc.returncode != 0
+    print(f"prebuilt {len(specs)} modules in {time.perf_counter() - t0:.0f} s")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
