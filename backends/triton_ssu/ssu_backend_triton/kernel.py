@@ -1,10 +1,12 @@
 """The Triton SSU kernel (written from SPEC.md) and its launcher.
 
-One program updates a ``BLOCK_P x N`` tile of one head of one sequence: it reads the tile of the
+A program updates ``BLOCK_P x N`` tiles of one head of one sequence: it reads each tile of the
 slot's current state once, applies the step's T tokens in fp32 registers, writes each token's
 state once (to version ``(c + 1 + t) % K`` when speculative, in place otherwise) and writes the
-outputs. Pad rows read a zero state and write none. The grid is (P blocks, heads, batch) so that
-neighbouring programs touch neighbouring memory.
+outputs. Pad rows read a zero state and write none. Two shapes, chosen per batch by tuning:
+``LOOP_STAGES = 0``, one program per tile, grid (P blocks, heads, batch), neighbouring programs on
+neighbouring memory; ``LOOP_STAGES = k``, one program per head looping over its tiles with k-stage
+software-pipelined loads (more bytes in flight per program, per-head work done once).
 
 Optional inputs (D, z, dt_bias) and softplus are runtime flags, not specialisations, so one
 compiled kernel serves every combination (the branches are uniform per launch).
@@ -17,63 +19,22 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["pad_slot_id", "layer_offset", "has_d", "has_z", "has_dt_bias", "softplus"])
-def ssu_kernel(
-    ssm_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr,
-    seed_ptr,
-    pad_slot_id, layer_offset,
-    s_slot, s_ver, s_head, s_p,
-    x_b, x_t, x_h, x_p,
-    dt_b, dt_t, dt_h,
-    B_b, B_t, B_g, B_n,
-    C_b, C_t, C_g, C_n,
-    z_b, z_t, z_h, z_p,
-    o_b, o_t, o_h, o_p,
-    has_d, has_z, has_dt_bias, softplus,
-    T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
-    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
-):
-    pid_p = tl.program_id(0)
-    head = tl.program_id(1)
-    row = tl.program_id(2)
-    group = head // HEADS_PER_GROUP
-
-    slot = tl.load(slots_ptr + row).to(tl.int64)
-    valid = slot != pad_slot_id
-    safe_slot = tl.where(valid, slot, 0)
-
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
+@triton.jit
+def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row, head,
+          group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
+          C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z, softplus,
+          T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
+          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """Update rows ``offs_p`` of one head of one sequence through the step's T tokens."""
     mask_p = offs_p < P
+    mask_n = offs_n < N
     # a pad row's state tile is fully masked: it reads zeros and writes nothing
-    state_rows = tl.where(valid, P, 0)
-    if EVEN_N:  # no mask along N: the masks stay constant along rows and loads stay vectorised
+    if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
         state_mask = (offs_p < state_rows)[:, None]
     else:
-        mask_n = offs_n < N
         state_mask = (offs_p < state_rows)[:, None] & mask_n[None, :]
-
-    if SPECULATIVE:
-        cur = tl.load(cursor_ptr + safe_slot).to(tl.int64)
-    else:
-        cur = 0
-    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
     tile = offs_p[:, None] * s_p + offs_n[None, :]
     s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
-
-    a = tl.load(A_ptr + head).to(tl.float32)
-    d_skip = 0.0
-    if has_d:
-        d_skip = tl.load(D_ptr + head).to(tl.float32)
-    bias = 0.0
-    if has_dt_bias:
-        bias = tl.load(dt_bias_ptr + head).to(tl.float32)
-    if STOCHASTIC:
-        seed = tl.load(seed_ptr)
-        element = ((head * P + offs_p[:, None]) * N + offs_n[None, :]).to(tl.uint32)
-        element = element + (slot * (P * N * 65599)).to(tl.uint32)
-
     for t in tl.static_range(T):
         d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
         if softplus:
@@ -98,7 +59,8 @@ def ssu_kernel(
         tl.store(out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
         if SPECULATIVE or t == T - 1:
             if STOCHASTIC:
-                noise = tl.randint(seed + t, element, PHILOX_ROUNDS) & 0x1FFF
+                noise = tl.randint(seed + t, element + (offs_p[:, None] * N + offs_n[None, :]).to(tl.uint32),
+                                   PHILOX_ROUNDS) & 0x1FFF
                 bits = s.to(tl.uint32, bitcast=True) + noise
                 stored = bits.to(tl.float32, bitcast=True).to(tl.float16, fp_downcast_rounding="rtz")
             else:
@@ -110,6 +72,66 @@ def ssu_kernel(
             tl.store(base + dest * s_ver + tile, stored, mask=state_mask)
 
 
+@triton.jit(do_not_specialize=["pad_slot_id", "layer_offset", "has_d", "has_z", "has_dt_bias", "softplus"])
+def ssu_kernel(
+    ssm_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr,
+    seed_ptr,
+    pad_slot_id, layer_offset,
+    s_slot, s_ver, s_head, s_p,
+    x_b, x_t, x_h, x_p,
+    dt_b, dt_t, dt_h,
+    B_b, B_t, B_g, B_n,
+    C_b, C_t, C_g, C_n,
+    z_b, z_t, z_h, z_p,
+    o_b, o_t, o_h, o_p,
+    has_d, has_z, has_dt_bias, softplus,
+    T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
+    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2)
+    group = head // HEADS_PER_GROUP
+
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    valid = slot != pad_slot_id
+    safe_slot = tl.where(valid, slot, 0)
+    state_rows = tl.where(valid, P, 0)
+    if SPECULATIVE:
+        cur = tl.load(cursor_ptr + safe_slot).to(tl.int64)
+    else:
+        cur = 0
+    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
+
+    a = tl.load(A_ptr + head).to(tl.float32)
+    d_skip = 0.0
+    if has_d:
+        d_skip = tl.load(D_ptr + head).to(tl.float32)
+    bias = 0.0
+    if has_dt_bias:
+        bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    seed = 0
+    element = (slot * 65599 + head * P * N).to(tl.uint32)
+    if STOCHASTIC:
+        seed = tl.load(seed_ptr)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    if LOOP_STAGES == 0:  # one program per BLOCK_P rows
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
+              head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
+              B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
+              softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+    else:  # one program per head, looping over its rows with software-pipelined loads
+        for p0 in tl.range(0, P, BLOCK_P, num_stages=LOOP_STAGES):
+            offs_p = p0 + tl.arange(0, BLOCK_P)
+            _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur,
+                  row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b,
+                  B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d,
+                  has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+
+
 def _strides(t, lead: int):
     """Strides of a (b, [T,] ...) tensor as (b, t, rest...) with a zero token stride if absent."""
     st = t.stride()
@@ -118,7 +140,7 @@ def _strides(t, lead: int):
 
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           stochastic: bool = False, philox_rounds: int = 10) -> None:
+           loop_stages: int = 0, stochastic: bool = False, philox_rounds: int = 10) -> None:
     """Launch one step for one layer. ``ssm`` is the whole (L, S, K, H, P, N) cache."""
     b = x.shape[0]
     multi = x.dim() == 4
@@ -133,7 +155,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
     os_ = _strides(out, lead)
     s = ssm.stride()
-    grid = (triton.cdiv(P, block_p), H, b)
+    grid = (1 if loop_stages else triton.cdiv(P, block_p), H, b)
     ssu_kernel[grid](
         ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
@@ -148,6 +170,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         os_[0], os_[1], os_[2], os_[3],
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
         T=T, K=versions, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, SPECULATIVE=speculative, STOCHASTIC=stochastic,
+        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, LOOP_STAGES=loop_stages,
+        SPECULATIVE=speculative, STOCHASTIC=stochastic,
         PHILOX_ROUNDS=philox_rounds, num_warps=num_warps,
     )

@@ -83,6 +83,12 @@ def test_pinned_launch_parameters(gen):
     compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1})
 
 
+@pytest.mark.parametrize("headdim", [8, 10])
+def test_program_per_head_with_pipelined_loop(headdim, gen):
+    p = problem(headdim=headdim, tokens_per_step=2, speculative=True)
+    compare_steps(p, gen, steps=2, pad=1, kernel_options={"block_p": 4, "num_warps": 2, "loop_stages": 2})
+
+
 def test_cpu_needs_the_interpreter(monkeypatch):
     from ssu_backend_triton.plugin import ssu_probe
 
@@ -106,9 +112,9 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
     assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert tuning.buckets(1) == [1]
-    block_p, warps = tuning.default_config(p, 64)
-    assert block_p * tuning.next_pow2(p.dstate) <= 4096 and warps in (2, 4)
-    assert tuning.candidates(p)
+    block_p, warps, stages = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 4096 and warps in (2, 4) and stages == 0
+    assert {c[2] for c in tuning.candidates(p)} == {0, 2, 3}
     path = tmp_path / "cache.json"
     tuning.write_cache(path, {"a": {"config": [8, 4]}})
     tuning.write_cache(path, {"b": {"config": [16, 4]}})

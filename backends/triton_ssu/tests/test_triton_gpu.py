@@ -99,10 +99,10 @@ def test_tuning_cache_reused_by_a_second_process(tmp_path):
     env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(tmp_path / "tuning.json"))
     first = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
-    assert "tuned (BLOCK_P, num_warps)" in first.stderr
+    assert "tuned (BLOCK_P, num_warps, loop stages)" in first.stderr
     second = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
-    assert "tuned (BLOCK_P, num_warps)" not in second.stderr and "from " in second.stderr
+    assert "tuned (BLOCK_P, num_warps, loop stages)" not in second.stderr and "from " in second.stderr
     assert first.stdout.split("TABLE")[1] == second.stdout.split("TABLE")[1]
 
 
