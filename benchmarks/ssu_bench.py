@@ -116,7 +116,7 @@ def main() -> None:
 
 def render(rows, backends, head) -> str:
     lines = [head, "", "| shape | state | T | batch | " + " | ".join(f"{b} us | {b} TB/s" for b in backends)
-             + (" | triton / flashinfer |" if {"triton", "flashinfer"} <= set(backends) else " |"),
+             + (" | flashinfer us / triton us |" if {"triton", "flashinfer"} <= set(backends) else " |"),
              "|" + "---|" * (4 + 2 * len(backends) + ({"triton", "flashinfer"} <= set(backends)))]
     keys = sorted({(r["shape"], r["state"], r["T"], r["batch"]) for r in rows},
                   key=lambda k: (k[0], k[1], k[2], k[3]))

@@ -226,10 +226,10 @@ def seeded_states(kernels, problem, gen, layers=1):
 
 def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, pad=0, index_dtype=None,
                            options=True, tokens=None, layers=1, backend_options=None, registry=None):
-    """Drive ``backend`` and the reference through ``steps`` steps (and commits) from the same
-    random states with the same inputs; raise :class:`CheckFailure` unless outputs and states
-    agree within :func:`ssu.oracle.tolerance` and every buffer row of the slots outside the batch
-    is bit-identical afterwards. Returns the backend's kernel and state."""
+    """Drive ``backend`` and the reference through ``steps`` steps (and commits) with the same
+    inputs, each step starting from the backend's own states; raise :class:`CheckFailure` unless
+    outputs and states agree within :func:`ssu.oracle.tolerance` and every buffer row of the
+    slots outside the batch is bit-identical afterwards. Returns the backend's kernel and state."""
     import torch
 
     index_dtype = torch.int32 if index_dtype is None else index_dtype
@@ -247,6 +247,9 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
     weights = [layer_weights(problem, gen, with_D=options, with_dt_bias=options) for _ in range(layers)]
     for _ in range(steps):
         for layer in range(layers):
+            # both start every step from the backend's own (rounded) states, so that legitimate
+            # rounding differences of earlier steps do not accumulate into the comparison
+            rk.write_state(rs, real, tk.read_state(ts, real, layer), layer)
             inputs = step_inputs(problem, slots, gen, tokens=T, weights=weights[layer], with_z=options,
                                  dt_softplus=options)
             out_t = torch.full_like(inputs.x, float("nan"))

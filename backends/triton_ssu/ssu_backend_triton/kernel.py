@@ -174,3 +174,22 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         SPECULATIVE=speculative, STOCHASTIC=stochastic,
         PHILOX_ROUNDS=philox_rounds, num_warps=num_warps,
     )
+
+
+@triton.jit(do_not_specialize=["batch", "pad_slot_id"])
+def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, batch, pad_slot_id, K: tl.constexpr, BLOCK: tl.constexpr):
+    """cursor[slot] = (cursor[slot] + num_accepted) % K for every non-pad row: one launch."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = offs < batch
+    slot = tl.load(slots_ptr + offs, mask=in_batch, other=pad_slot_id).to(tl.int64)
+    valid = in_batch & (slot != pad_slot_id)
+    accepted = tl.load(accepted_ptr + offs, mask=valid, other=0)
+    cur = tl.load(cursor_ptr + slot, mask=valid, other=0)
+    tl.store(cursor_ptr + slot, ((cur + accepted) % K).to(cursor_ptr.dtype.element_ty), mask=valid)
+
+
+def commit(cursor, slots, num_accepted, *, pad_slot_id: int, versions: int) -> None:
+    """Move the cursors of a speculative step's slots (a single launch, graph capturable)."""
+    b = slots.shape[0]
+    block = min(1024, triton.next_power_of_2(b))
+    commit_kernel[(triton.cdiv(b, block),)](cursor, slots, num_accepted, b, pad_slot_id, K=versions, BLOCK=block)

@@ -96,7 +96,11 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
-    slot_state.commit(state, slots, num_accepted)
+    """The cursor move of :mod:`ssu.slot_state` as one Triton launch (no state is copied)."""
+    from .kernel import commit
+
+    commit(state.buffers["cursor"], slots, num_accepted, pad_slot_id=ctx.problem.pad_slot_id,
+           versions=slot_state.versions(ctx.problem))
 
 
 @ssu.hookimpl
