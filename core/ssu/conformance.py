@@ -268,13 +268,60 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
     return tk, ts
 
 
-CHECKS: dict[str, Callable] = {
-    "step vs oracle (D, z, dt_bias, softplus, pad row)": check_step,
-    "step vs oracle (no D, z, dt_bias, softplus)": lambda k, g: check_step(k, g, with_options=False),
-    "decode of several steps": check_decode,
-    "write_state/read_state round trip": check_roundtrip,
-    "warmup leaves the state intact": check_warmup,
-    "bad inputs raise InputError, write nothing": check_bad_inputs,
+def check_cuda_graph(kernel, gen) -> None:
+    """On CUDA: a step of every layer (and the commit) captured in a CUDA graph and replayed gives
+    bit-identical outputs and states to the same calls made eagerly. Skipped on other devices."""
+    import torch
+
+    p = kernel.problem
+    if p.device_type != "cuda":
+        return
+    eager, graphed = seeded_states((kernel, kernel), p, gen, layers=2)
+    kernel.warmup(graphed)
+    b = min(p.max_batch, p.num_slots)
+    slots = pick_slots(p, b, gen, pad_rows=1 if b >= 2 else 0)
+    inputs = [step_inputs(p, slots, gen).kwargs() for _ in range(2)]
+    outs = [torch.empty_like(i["x"]) for i in inputs]
+    eager_outs = [torch.empty_like(i["x"]) for i in inputs]
+    accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)
+
+    def decode(state, out_list):
+        for layer in range(2):
+            kernel.step(state, out=out_list[layer], layer=layer, **inputs[layer])
+        if p.speculative:
+            kernel.commit(state, slots, accepted)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        decode(graphed, outs)  # first calls (validation, lazy work) outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode(graphed, outs)
+    decode(eager, eager_outs)
+    for _ in range(2):
+        graph.replay()
+        decode(eager, eager_outs)
+    torch.cuda.synchronize()
+    if not all(torch.equal(a, b) for a, b in zip(outs, eager_outs)):
+        raise CheckFailure("outputs of CUDA-graph replays differ from eager calls")
+    for name, buf in graphed.buffers.items():
+        if not torch.equal(buf, eager.buffers[name]):
+            raise CheckFailure(f"buffer {name!r} after CUDA-graph replays differs from eager calls")
+
+
+#: check name -> (function(kernel, generator), what it checks)
+CHECKS: dict[str, tuple[Callable, str]] = {
+    "step": (check_step, "step vs oracle (D, z, dt_bias, softplus, pad row)"),
+    "step-without-options": (lambda k, g: check_step(k, g, with_options=False),
+                             "step vs oracle (no D, z, dt_bias, softplus)"),
+    "decode": (check_decode, "decode of several steps"),
+    "roundtrip": (check_roundtrip, "write_state/read_state round trip"),
+    "warmup": (check_warmup, "warmup leaves the state intact"),
+    "bad-inputs": (check_bad_inputs, "bad inputs raise InputError, write nothing"),
+    "cuda-graph": (check_cuda_graph, "CUDA-graph replay equals eager calls (CUDA only)"),
 }
 
 
@@ -315,12 +362,12 @@ def run_conformance(backend: str, *, device: str = "cpu", registry=None, seed: i
         except SSUError as exc:
             results.append(CheckResult("open", problem.describe(), False, str(exc)))
             continue
-        for name, check in CHECKS.items():
+        for check, what in CHECKS.values():
             gen = torch.Generator().manual_seed(seed)
             try:
                 check(kernel, gen)
             except Exception as exc:  # a crashing backend is a failed check, not a crashed verify
-                results.append(CheckResult(name, problem.describe(), False, f"{type(exc).__name__}: {exc}"))
+                results.append(CheckResult(what, problem.describe(), False, f"{type(exc).__name__}: {exc}"))
             else:
-                results.append(CheckResult(name, problem.describe(), True))
+                results.append(CheckResult(what, problem.describe(), True))
     return results

@@ -21,8 +21,10 @@ import attrs
 import pluggy
 
 from . import hookspecs
-from .errors import (BackendBrokenError, BackendDisabledError, BackendIncompatibleError, SSUWarning)
-from .firstparty import CORE_DISTRIBUTION, RESERVED
+from .errors import (BackendBrokenError, BackendDisabledError, BackendIncompatibleError, BackendNotInstalledError,
+                     SSUWarning, UnknownBackendError)
+from .firstparty import CORE_DISTRIBUTION, FIRST_PARTY, RESERVED, install_hint
+from .options import did_you_mean
 from .records import AVAILABLE, PLUGIN_API_VERSION, Availability, BackendInfo, BackendSpec
 
 GROUP = "ssu.backends"
@@ -33,6 +35,19 @@ ENV_DENY = "SSU_DISABLE_PLUGINS"
 def normalize_distribution(name: str) -> str:
     """PEP 503 form of a distribution name (``ssu_core`` -> ``ssu-core``)."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def missing_backend_error(name: str, installed: list[str]):
+    """The error for a backend name that is not installed: a first-party backend gets its pip
+    command, any other name the closest match and the installed list."""
+    if name in FIRST_PARTY:
+        return BackendNotInstalledError(f"backend {name!r} is not installed; install it with `{install_hint(name)}`")
+    known = sorted(set(installed) | set(FIRST_PARTY))
+    return UnknownBackendError(
+        f"unknown backend {name!r}{did_you_mean(name, known)}. Installed backends: {', '.join(installed) or 'none'}; "
+        f"first-party backends: {', '.join(FIRST_PARTY)}. Run `ssu backends` to list them with their status; "
+        f"a third-party backend is installed with pip and registers itself under the entry-point group 'ssu.backends'."
+    )
 
 
 def _names(value: str) -> set[str]:
@@ -192,7 +207,10 @@ class Registry:
         Raises :class:`BackendDisabledError`, :class:`BackendBrokenError` or
         :class:`BackendIncompatibleError`, each naming the backend and its distribution.
         """
-        found = self.discover()[name]
+        discovered = self.discover()
+        if name not in discovered:
+            raise missing_backend_error(name, sorted(discovered))
+        found = discovered[name]
         reason = self.disabled_reason(name)
         if reason:
             raise BackendDisabledError(f"backend {name!r} ({found.distribution}) is {reason}")

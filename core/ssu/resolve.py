@@ -12,12 +12,11 @@ from typing import Any, Optional
 import attrs
 
 from .config import AUTO, Config
-from .errors import (BackendError, BackendNotInstalledError, BackendUnavailableError, ConfigError,
-                     UnknownBackendError)
-from .firstparty import FIRST_PARTY, RESERVED, install_hint
+from .errors import BackendError, BackendUnavailableError, ConfigError
+from .firstparty import FIRST_PARTY, RESERVED
 from .options import build, did_you_mean
 from .problem import Problem
-from .registry import LoadedBackend, Registry
+from .registry import LoadedBackend, Registry, missing_backend_error
 
 
 @attrs.frozen
@@ -48,15 +47,6 @@ class Resolution:
         return "\n".join(lines)
 
 
-def unknown_backend_error(name: str, installed: list[str]) -> UnknownBackendError:
-    known = sorted(set(installed) | set(FIRST_PARTY))
-    return UnknownBackendError(
-        f"unknown backend {name!r}{did_you_mean(name, known)}. Installed backends: {', '.join(installed) or 'none'}; "
-        f"first-party backends: {', '.join(FIRST_PARTY)}. Run `ssu backends` to list them with their status; "
-        f"a third-party backend is installed with pip and registers itself under the entry-point group 'ssu.backends'."
-    )
-
-
 def _options(loaded: LoadedBackend, config: Config) -> Any:
     """Validate the backend's option table with its own options class."""
     name = loaded.name
@@ -71,12 +61,7 @@ def _options(loaded: LoadedBackend, config: Config) -> Any:
 
 def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -> tuple[LoadedBackend, Any]:
     """Load and check one candidate: returns it with its options, or raises why not."""
-    discovered = registry.discover()
-    if name not in discovered:
-        if name in FIRST_PARTY:
-            raise BackendNotInstalledError(f"backend {name!r} is not installed; install it with `{install_hint(name)}`")
-        raise unknown_backend_error(name, sorted(discovered))
-    loaded = registry.load(name)
+    loaded = registry.load(name)  # raises the not-installed / unknown / broken / disabled errors
     options = _options(loaded, config)
     availability = loaded.probe(problem.device)
     if not availability.available:
@@ -128,7 +113,7 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
         installed = sorted(registry.discover())
         for name in order:  # a typo in a fallback list must not fall through silently
             if name not in installed and name not in FIRST_PARTY:
-                raise unknown_backend_error(name, installed)
+                raise missing_backend_error(name, installed)
     errors = []
     for i, name in enumerate(order):
         try:

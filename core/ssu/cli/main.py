@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="take the backend and its options from this file")
     p.add_argument("--backend", help="backend to check (default: the configured one)")
     p.add_argument("--device", default=None, help="device (default: cuda if the backend supports it and one is present)")
+
+    p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
+    p.add_argument("name", help="backend name, e.g. mykernel (the distribution is ssu-backend-NAME)")
+    p.add_argument("--dir", default=".", help="where to create ssu-backend-NAME/ (default: here)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing, non-empty folder")
     return parser
 
 
@@ -151,13 +156,10 @@ def cmd_run(args) -> int:
 def cmd_verify(args) -> int:
     from ..conformance import run_conformance
     from ..registry import default_registry
-    from ..resolve import unknown_backend_error
 
     config = _config(args)
     name = config.candidates[0]
     registry = default_registry()
-    if name not in registry.discover():
-        raise unknown_backend_error(name, sorted(registry.discover()))
     caps = registry.load(name).spec.capabilities
     device = args.device or _default_device(caps.devices)
     results = run_conformance(name, device=device, registry=registry, options=config.options_for(name))
@@ -171,7 +173,16 @@ def cmd_verify(args) -> int:
     return EXIT_WRONG if failed else EXIT_OK
 
 
-COMMANDS = {"backends": cmd_backends, "explain": cmd_explain, "check-config": cmd_check_config,
+def cmd_new_backend(args) -> int:
+    from ..scaffold import module_name, write_backend
+
+    root = write_backend(args.name, args.dir, force=args.force)
+    print(f"wrote {root}/ (backend {args.name!r}, module {module_name(args.name)})")
+    print(f"next: pip install -e \"{root}[test]\" && (cd {root} && pytest)")
+    return EXIT_OK
+
+
+COMMANDS = {"new-backend": cmd_new_backend, "backends": cmd_backends, "explain": cmd_explain, "check-config": cmd_check_config,
             "run": cmd_run, "verify": cmd_verify}
 
 

@@ -1,0 +1,36 @@
+"""pytest plugin of the conformance kit (entry point ``pytest11: ssu``).
+
+It only adds options; nothing is imported or collected unless ``--ssu-backend`` is given, in
+which case the suite module :mod:`ssu.testing.suite` is added to the collected paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("ssu", "ssu conformance suite")
+    group.addoption("--ssu-backend", action="store", default=None, metavar="NAME",
+                    help="run the ssu conformance suite against installed backend NAME")
+    group.addoption("--ssu-examples", action="store", type=int, default=10, metavar="N",
+                    help="problems hypothesis draws per conformance check (default 10)")
+    group.addoption("--ssu-device", action="store", default=None, metavar="DEVICE",
+                    help="device for the conformance suite (default: cuda if the backend supports it and "
+                         "one is present, else cpu)")
+
+
+def pytest_configure(config) -> None:
+    name = config.getoption("ssu_backend", None)
+    if not name:
+        return
+    import pytest
+
+    from ..errors import SSUError
+    from ..registry import default_registry
+
+    try:
+        default_registry().load(name)
+    except SSUError as exc:
+        raise pytest.UsageError(f"--ssu-backend {name}: {exc}") from None
+    config.args.append(str(Path(__file__).with_name("suite.py")))

@@ -1,0 +1,25 @@
+"""The conformance suite as pytest tests: one test per check, each over hypothesis-drawn problems
+within the backend's capabilities. Collected only with ``pytest --ssu-backend NAME``."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssu.testing.checks import CHECK_NAMES, BackendCannotRunHere, assert_conformant
+
+
+@pytest.fixture(scope="session")
+def ssu_backend(request):
+    name = request.config.getoption("ssu_backend")
+    if not name:
+        pytest.skip("run with --ssu-backend NAME")
+    return name
+
+
+@pytest.mark.parametrize("check", CHECK_NAMES)
+def test_conformance(ssu_backend, check, request):
+    try:
+        assert_conformant(ssu_backend, checks=[check], max_examples=request.config.getoption("ssu_examples"),
+                          device=request.config.getoption("ssu_device"))
+    except BackendCannotRunHere as exc:
+        pytest.skip(str(exc))

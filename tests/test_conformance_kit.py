@@ -1,0 +1,79 @@
+"""The conformance kit: passes correct backends, catches wrong ones, runs as a pytest plugin."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ssu
+from ssu.registry import GROUP, Registry
+from ssu.testing import CHECK_NAMES, assert_conformant
+
+from broken_backends import BROKEN
+
+
+def registry_with(*plugins) -> Registry:
+    reference = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == "reference"]
+    registry = Registry(entry_points=reference, env={})
+    for plugin in plugins:
+        registry.register(plugin())
+    return registry
+
+
+def test_reference_is_conformant():
+    assert_conformant("reference", max_examples=15)
+
+
+@pytest.mark.parametrize("broken", BROKEN, ids=[b.NAME for b in BROKEN])
+def test_the_kit_catches_a_wrong_backend(broken):
+    registry = registry_with(broken)
+    with pytest.raises(AssertionError, match=f"failed for backend '{broken.NAME}'"):
+        assert_conformant(broken.NAME, max_examples=30, registry=registry)
+
+
+def test_unknown_check_name():
+    with pytest.raises(ValueError, match="unknown check"):
+        assert_conformant("reference", checks=["stepp"])
+
+
+def _pytest(*args, env=None, cwd):
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                          capture_output=True, text=True, cwd=cwd, env=env or os.environ.copy(), timeout=900)
+
+
+def test_pytest_plugin_runs_the_suite_on_reference(tmp_path):
+    result = _pytest("--ssu-backend", "reference", "--ssu-examples", "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(CHECK_NAMES)} passed" in result.stdout
+
+
+def test_pytest_plugin_runs_the_suite_on_triton_in_the_interpreter(tmp_path):
+    pytest.importorskip("ssu_backend_triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = _pytest("--ssu-backend", "triton", "--ssu-examples", "3", "--ssu-device", "cpu", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(CHECK_NAMES)} passed" in result.stdout
+
+
+def test_pytest_plugin_is_inactive_without_the_option(tmp_path):
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    result = _pytest(cwd=tmp_path)
+    assert result.returncode == 0 and "1 passed" in result.stdout
+
+
+def test_pytest_plugin_refuses_an_unknown_backend(tmp_path):
+    result = _pytest("--ssu-backend", "refrence", cwd=tmp_path)
+    assert result.returncode == 4
+    assert "did you mean 'reference'" in result.stderr
+
+
+def test_verify_reports_each_check(capsys):
+    from ssu.cli.main import main
+
+    assert main(["verify", "--backend", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  step vs oracle" in out and "0 failed" in out
