@@ -1,0 +1,7 @@
+"""``python -m ssu ...`` is the ``ssu`` command."""
+
+import sys
+
+from .cli.main import main
+
+sys.exit(main())
