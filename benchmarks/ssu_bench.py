@@ -21,7 +21,6 @@ import torch
 
 import ssu
 from ssu.inputs import layer_weights, step_inputs
-from ssu.slot_state import versions
 from ssu.timing import graph_time_us
 
 PEAK_TBPS = 4.26
@@ -54,17 +53,13 @@ def measure(backend: str, shape: str, state_dtype: str, tokens: int, batch: int,
     kernel.warmup(state)
     step = kernel.raw_step
     launches = [(lambda i=i, o=o: step(state, out=o, layer=0, **i)) for i, o in zip(inputs, outs)]
-    launches = (launches * -(-iterations // len(launches)))[:max(iterations, len(launches))]
-    us = graph_time_us(launches)
+    us = graph_time_us(launches, min_launches=iterations)
     commit_us = None
     if spec:
         accepted = torch.randint(1, tokens + 1, (batch,), dtype=torch.int32).cuda()
         commits = [(lambda s=s: kernel.commit(state, s, accepted)) for s in slot_sets]
         commit_us = graph_time_us(commits)
-    moved = batch * slot_bytes * (1 + tokens)
-    del state, kernel
-    torch.cuda.empty_cache()
-    return us, moved, commit_us
+    return us, batch * slot_bytes * (1 + tokens), commit_us
 
 
 def main() -> None:
@@ -94,6 +89,7 @@ def main() -> None:
                         try:
                             us, moved, commit_us = measure(backend, shape, state_dtype, tokens, batch,
                                                            options.get(backend, {}), args.iterations)
+                            torch.cuda.empty_cache()  # the state of this measurement is gone
                         except ssu.SSUError as exc:
                             print(f"{backend} {shape} {state_dtype} T={tokens} b={batch}: skipped: {exc}", flush=True)
                             continue

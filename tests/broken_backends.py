@@ -22,21 +22,10 @@ class _Base:
     def factory(self, ctx):
         return make_step(ctx)
 
-    @ssu.hookimpl
-    def ssu_allocate_state(self, ctx, num_layers):
-        return slot_state.allocate(ctx.problem, num_layers, self.NAME)
-
-    @ssu.hookimpl
-    def ssu_commit(self, ctx, state, slots, num_accepted):
-        slot_state.commit(state, slots, num_accepted)
-
-    @ssu.hookimpl
-    def ssu_read_state(self, ctx, state, slots, layer):
-        return slot_state.read(state, slots, layer)
-
-    @ssu.hookimpl
-    def ssu_write_state(self, ctx, state, slots, values, layer):
-        slot_state.write(state, slots, values, layer)
+    ssu_allocate_state = staticmethod(slot_state.ssu_allocate_state)
+    ssu_commit = staticmethod(slot_state.ssu_commit)
+    ssu_read_state = staticmethod(slot_state.ssu_read_state)
+    ssu_write_state = staticmethod(slot_state.ssu_write_state)
 
 
 class WrongGate(_Base):

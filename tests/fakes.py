@@ -7,8 +7,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-import torch
 
 import ssu
 from ssu.registry import GROUP, Registry
@@ -55,7 +53,6 @@ class FakeSite:
 #: a working CPU backend module for fake distributions: delegates everything to the reference
 GOOD_BACKEND = '''
 import ssu
-from ssu import slot_state
 from ssu.reference.math import make_step
 
 NAME = "{name}"
@@ -74,21 +71,7 @@ def ssu_backend():
 def ssu_probe(device):
     return ssu.AVAILABLE if AVAILABLE else ssu.Availability(False, "no frobnicator here", "install a frobnicator")
 
-@ssu.hookimpl
-def ssu_allocate_state(ctx, num_layers):
-    return slot_state.allocate(ctx.problem, num_layers, NAME)
-
-@ssu.hookimpl
-def ssu_commit(ctx, state, slots, num_accepted):
-    slot_state.commit(state, slots, num_accepted)
-
-@ssu.hookimpl
-def ssu_read_state(ctx, state, slots, layer):
-    return slot_state.read(state, slots, layer)
-
-@ssu.hookimpl
-def ssu_write_state(ctx, state, slots, values, layer):
-    slot_state.write(state, slots, values, layer)
+from ssu.slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
 '''
 
 

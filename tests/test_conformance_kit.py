@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-import ssu
 from ssu.registry import GROUP, Registry
 from ssu.testing import CHECK_NAMES, assert_conformant
 

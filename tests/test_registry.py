@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import ssu
+from ssu import slot_state
 from ssu.registry import Registry
 
 from fakes import good_backend
@@ -124,8 +125,7 @@ def test_wrong_hook_argument_fails_loudly(fake_site):
 
 
 def test_missing_required_hook(fake_site):
-    source = good_backend("partial").replace("def ssu_read_state", "def not_a_hook")
-    source = source.replace("@ssu.hookimpl\ndef not_a_hook", "def not_a_hook")
+    source = good_backend("partial").replace("ssu_commit, ssu_read_state, ssu_write_state", "ssu_commit, ssu_write_state")
     fake_site.add("ssu-backend-partial", {"partial": "partial_mod"}, modules={"partial_mod": source})
     info = status(fake_site.registry(), "partial")
     assert info.status == "broken" and "ssu_read_state" in info.reason
@@ -157,23 +157,9 @@ class _InProcess:
 
         return ssu.BackendSpec(name="inproc", api_version=ssu.PLUGIN_API_VERSION, factory=make_step)
 
-    @ssu.hookimpl
-    def ssu_allocate_state(self, ctx, num_layers):
-        from ssu import slot_state
-
-        return slot_state.allocate(ctx.problem, num_layers, "inproc")
-
-    @ssu.hookimpl
-    def ssu_read_state(self, ctx, state, slots, layer):
-        from ssu import slot_state
-
-        return slot_state.read(state, slots, layer)
-
-    @ssu.hookimpl
-    def ssu_write_state(self, ctx, state, slots, values, layer):
-        from ssu import slot_state
-
-        slot_state.write(state, slots, values, layer)
+    ssu_allocate_state = staticmethod(slot_state.ssu_allocate_state)
+    ssu_read_state = staticmethod(slot_state.ssu_read_state)
+    ssu_write_state = staticmethod(slot_state.ssu_write_state)
 
 
 def _problem():

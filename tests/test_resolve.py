@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 
 import ssu
-from ssu.options import choice
 from ssu.resolve import explain
 
 from fakes import good_backend, small_problem

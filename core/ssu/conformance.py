@@ -291,17 +291,13 @@ def check_cuda_graph(kernel, gen) -> None:
         if p.speculative:
             kernel.commit(state, slots, accepted)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        decode(graphed, outs)  # first calls (validation, lazy work) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
+    decode(graphed, outs)  # first calls (validation, lazy work) before the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         decode(graphed, outs)
     decode(eager, eager_outs)
-    for _ in range(2):
+    for _ in range(3):
         graph.replay()
         decode(eager, eager_outs)
     torch.cuda.synchronize()

@@ -7,7 +7,6 @@ the chosen backend along a decode. It works on plain tensors: no kernel, no stat
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 
 def softplus64(v):

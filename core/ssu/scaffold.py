@@ -108,7 +108,10 @@ heavy libraries inside the hooks).
 from __future__ import annotations
 
 import ssu
-from ssu import slot_state
+
+# state, commit, read and write: ssu's versioned-slot layout. TODO: implement these hooks
+# yourself if your kernel wants another layout.
+from ssu.slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state  # noqa: F401
 
 from .options import Options
 
@@ -152,11 +155,6 @@ def ssu_supports(problem, options):
 
 
 @ssu.hookimpl
-def ssu_allocate_state(ctx, num_layers):
-    return slot_state.allocate(ctx.problem, num_layers, NAME)
-
-
-@ssu.hookimpl
 def ssu_allocate_scratch(ctx):
     return None
 
@@ -164,21 +162,6 @@ def ssu_allocate_scratch(ctx):
 @ssu.hookimpl
 def ssu_warmup(ctx, state, step):
     pass
-
-
-@ssu.hookimpl
-def ssu_commit(ctx, state, slots, num_accepted):
-    slot_state.commit(state, slots, num_accepted)
-
-
-@ssu.hookimpl
-def ssu_read_state(ctx, state, slots, layer):
-    return slot_state.read(state, slots, layer)
-
-
-@ssu.hookimpl
-def ssu_write_state(ctx, state, slots, values, layer):
-    slot_state.write(state, slots, values, layer)
 '''
 
 TEST = '''"""The ssu conformance suite on backend "{name}", plus selecting it from a config file."""

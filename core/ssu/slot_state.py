@@ -70,3 +70,31 @@ def commit(state: State, slots, num_accepted) -> None:
     idx = torch.where(slots == p.pad_slot_id, torch.full_like(slots, sink), slots).long()
     new = (cursor[idx] + num_accepted.to(cursor.dtype)) % versions(p)
     cursor.index_put_((idx,), new.to(cursor.dtype))
+
+
+# Hook implementations for backends that use this layout. A backend's plugin module imports the
+# ones it does not override, e.g. ``from ssu.slot_state import ssu_read_state, ssu_write_state``;
+# pluggy registers them as that backend's own hooks.
+from .hookspecs import hookimpl  # noqa: E402
+
+
+@hookimpl
+def ssu_allocate_state(ctx, num_layers):
+    """The layout above for ``ctx.problem``, owned by backend ``ctx.spec.name``."""
+    return allocate(ctx.problem, num_layers, ctx.spec.name)
+
+
+@hookimpl
+def ssu_commit(ctx, state, slots, num_accepted):
+    """Cursor move with torch ops (no state copy)."""
+    commit(state, slots, num_accepted)
+
+
+@hookimpl
+def ssu_read_state(ctx, state, slots, layer):
+    return read(state, slots, layer)
+
+
+@hookimpl
+def ssu_write_state(ctx, state, slots, values, layer):
+    write(state, slots, values, layer)

@@ -10,14 +10,18 @@ import statistics
 from typing import Callable, Sequence
 
 
-def graph_time_us(launches: Sequence[Callable[[], object]], *, replays: int = 7, warmup: int = 2) -> float:
+def graph_time_us(launches: Sequence[Callable[[], object]], *, replays: int = 7, warmup: int = 2,
+                  min_launches: int = 1) -> float:
     """Median microseconds per launch of ``launches`` captured once into a CUDA graph.
 
-    Every callable is run once eagerly first (compiles, allocator warm-up), then captured in
-    order into one graph that is replayed ``replays`` times.
+    Every callable is run ``warmup`` times eagerly first (compiles, allocator warm-up), then the
+    list, cycled to at least ``min_launches`` entries, is captured in order into one graph that is
+    replayed ``replays`` times.
     """
     import torch
 
+    launches = list(launches)
+    launches = (launches * -(-min_launches // len(launches)))[:max(min_launches, len(launches))]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

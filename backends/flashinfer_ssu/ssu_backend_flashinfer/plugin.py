@@ -15,6 +15,7 @@ import time
 
 import ssu
 from ssu import slot_state
+from ssu.slot_state import ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401  (hooks)
 
 from .availability import compute_capability, flashinfer_availability
 from .options import FlashInferOptions
@@ -77,11 +78,6 @@ def ssu_supports(problem, options):
 
 
 @ssu.hookimpl
-def ssu_allocate_state(ctx, num_layers):
-    return slot_state.allocate(ctx.problem, num_layers, NAME)
-
-
-@ssu.hookimpl
 def ssu_allocate_scratch(ctx):
     """Index buffers of the speculative path (read rows, destination rows per token), zero
     D vectors for calls without D, and the stochastic-rounding seed: all before any capture."""
@@ -94,16 +90,6 @@ def ssu_allocate_scratch(ctx):
 def ssu_commit(ctx, state, slots, num_accepted):
     slot_state.commit(state, slots, num_accepted)
     ctx.scratch["indices_for"] = None  # the next step recomputes its cache rows
-
-
-@ssu.hookimpl
-def ssu_read_state(ctx, state, slots, layer):
-    return slot_state.read(state, slots, layer)
-
-
-@ssu.hookimpl
-def ssu_write_state(ctx, state, slots, values, layer):
-    slot_state.write(state, slots, values, layer)
 
 
 @ssu.hookimpl

@@ -173,7 +173,7 @@ def warm_module(ctx, index_dtype: str) -> tuple:
     import attrs
 
     from ssu.inputs import step_inputs
-    from ssu.records import Context, State
+    from ssu.records import Context
 
     p = ctx.problem
     name = (f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} "

@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu.conformance import compare_with_reference, seeded_states
-from ssu.inputs import pick_slots, random_states, step_inputs
+from ssu.conformance import compare_with_reference
+from ssu.conformance import check_cuda_graph
+from ssu.inputs import random_states, step_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -72,34 +73,8 @@ def test_sm100_algorithms_refused_at_open_on_hopper():
 
 @pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
 def test_cuda_graph_capture_and_replay(name, gen):
-    p = cuda_problem(name)
-    kernel = ssu.open(ssu.Config(backend="flashinfer"), p)
-    eager_state, graph_state = seeded_states((kernel, kernel), p, gen, layers=2)
-    kernel.warmup(graph_state)
-    slots = pick_slots(p, 40, gen, pad_rows=2)
-    inputs = [step_inputs(p, slots, gen).kwargs() for _ in range(2)]
-    outs = [torch.empty_like(i["x"]) for i in inputs]
-    accepted = torch.randint(1, p.tokens_per_step + 1, (40,), generator=gen, dtype=torch.int32).cuda()
-
-    def decode_step(state, out_list):
-        for layer in range(2):
-            kernel.step(state, out=out_list[layer], layer=layer, **inputs[layer])
-        if p.speculative:
-            kernel.commit(state, slots, accepted)
-
-    decode_step(graph_state, outs)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        decode_step(graph_state, outs)
-    eager_outs = [torch.empty_like(o) for o in outs]
-    decode_step(eager_state, eager_outs)
-    for _ in range(3):
-        graph.replay()
-        decode_step(eager_state, eager_outs)
-    torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(outs, eager_outs))
-    assert torch.equal(graph_state.buffers["ssm"], eager_state.buffers["ssm"])
+    """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
+    check_cuda_graph(ssu.open(ssu.Config(backend="flashinfer"), cuda_problem(name)), gen)
 
 
 def test_stochastic_rounding_is_unbiased(gen):

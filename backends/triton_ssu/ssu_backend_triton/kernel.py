@@ -14,7 +14,6 @@ compiled kernel serves every combination (the branches are uniform per launch).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

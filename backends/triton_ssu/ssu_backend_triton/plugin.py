@@ -9,6 +9,7 @@ import time
 
 import ssu
 from ssu import slot_state
+from ssu.slot_state import ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401  (hooks)
 
 from .options import TritonOptions
 
@@ -79,11 +80,6 @@ def ssu_supports(problem, options):
 
 
 @ssu.hookimpl
-def ssu_allocate_state(ctx, num_layers):
-    return slot_state.allocate(ctx.problem, num_layers, NAME)
-
-
-@ssu.hookimpl
 def ssu_allocate_scratch(ctx):
     """The Philox seed of stochastic rounding lives on the device, advanced by each step, so that
     a CUDA graph replays with fresh random bits."""
@@ -101,16 +97,6 @@ def ssu_commit(ctx, state, slots, num_accepted):
 
     commit(state.buffers["cursor"], slots, num_accepted, pad_slot_id=ctx.problem.pad_slot_id,
            versions=slot_state.versions(ctx.problem))
-
-
-@ssu.hookimpl
-def ssu_read_state(ctx, state, slots, layer):
-    return slot_state.read(state, slots, layer)
-
-
-@ssu.hookimpl
-def ssu_write_state(ctx, state, slots, values, layer):
-    slot_state.write(state, slots, values, layer)
 
 
 @ssu.hookimpl

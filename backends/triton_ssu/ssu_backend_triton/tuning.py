@@ -136,13 +136,11 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     for config in configs:
         launches = [(lambda c=config, s=s, i=i, o=o: run(c, scratch, s, i, o))
                     for s, i, o in zip(slot_sets, inputs, outs)]
-        launches = (launches * -(-iterations // len(launches)))[:max(iterations, len(launches))]
         try:
-            us = graph_time_us(launches, replays=5, warmup=1)
+            us = graph_time_us(launches, replays=5, warmup=1, min_launches=iterations)
         except Exception as exc:  # a config the compiler rejects is skipped, not fatal
             log(f"  config {config} failed: {type(exc).__name__}: {exc}")
             continue
         if best is None or us < best[1]:
             best = (config, us)
-    del scratch
     return best

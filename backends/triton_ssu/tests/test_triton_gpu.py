@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import ssu
-from ssu.inputs import pick_slots, random_states, step_inputs
+from ssu.conformance import check_cuda_graph
+from ssu.inputs import random_states, step_inputs
 
-from triton_helpers import compare_steps, open_pair, seeded_states
+from triton_helpers import compare_steps, seeded_states
 
 pytestmark = pytest.mark.gpu
 
@@ -46,34 +47,8 @@ def test_model_shapes_match_reference(shape, state_dtype, tokens, gen):
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_cuda_graph_capture_and_replay(tokens, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
-    p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1)
-    kernel = ssu.open(ssu.Config(backend="triton"), p)
-    eager_state, graph_state = seeded_states((kernel, kernel), p, gen, layers=2)
-    kernel.warmup(graph_state)
-    slots = pick_slots(p, 48, gen, pad_rows=2)
-    inputs = [step_inputs(p, slots, gen).kwargs() for _ in range(2)]
-    outs = [torch.empty_like(i["x"]) for i in inputs]
-    accepted = torch.randint(1, tokens + 1, (48,), generator=gen, dtype=torch.int32).cuda()
-
-    def decode_step(state, out_list):
-        for layer in range(2):
-            kernel.step(state, out=out_list[layer], layer=layer, **inputs[layer])
-        if p.speculative:
-            kernel.commit(state, slots, accepted)
-
-    decode_step(graph_state, outs)  # eager once (validates the signature, compiles nothing new)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        decode_step(graph_state, outs)
-    eager_outs = [torch.empty_like(o) for o in outs]
-    decode_step(eager_state, eager_outs)
-    for _ in range(3):
-        graph.replay()
-        decode_step(eager_state, eager_outs)
-    torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(outs, eager_outs))
-    assert torch.equal(graph_state.buffers["ssm"], eager_state.buffers["ssm"])
+    p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
+    check_cuda_graph(ssu.open(ssu.Config(backend="triton"), p), gen)
 
 
 def test_warmup_leaves_state_intact(gen, tmp_path):

@@ -39,29 +39,5 @@ def ssu_probe(device):
     return torch_device_availability(device)
 
 
-@hookimpl
-def ssu_allocate_state(ctx, num_layers):
-    from .. import slot_state
-
-    return slot_state.allocate(ctx.problem, num_layers, NAME)
-
-
-@hookimpl
-def ssu_commit(ctx, state, slots, num_accepted):
-    from .. import slot_state
-
-    slot_state.commit(state, slots, num_accepted)
-
-
-@hookimpl
-def ssu_read_state(ctx, state, slots, layer):
-    from .. import slot_state
-
-    return slot_state.read(state, slots, layer)
-
-
-@hookimpl
-def ssu_write_state(ctx, state, slots, values, layer):
-    from .. import slot_state
-
-    slot_state.write(state, slots, values, layer)
+# state, commit, read and write: the versioned-slot layout shared with the other built-in backends
+from ..slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state  # noqa: E402,F401
