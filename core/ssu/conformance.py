@@ -308,6 +308,41 @@ def check_cuda_graph(kernel, gen) -> None:
             raise CheckFailure(f"buffer {name!r} after CUDA-graph replays differs from eager calls")
 
 
+def stochastic_rounding_bias(backend: str, gen, *, rows: int = 512, backend_options: Optional[dict] = None,
+                             **shape) -> tuple[float, float, float]:
+    """Bias of a backend's stochastically rounded fp16 state cache: ``rows`` sequences with the
+    same state and inputs take one step; returns (mean |bias| of the backend's rounding, the same
+    for round-to-nearest (the reference), mean |error| per sequence). Unbiased rounding has a
+    bias well below round-to-nearest's while its per-sequence error stays non-zero. D and dt_bias
+    are given in dt's dtype so that every kernel sees the same numbers."""
+    import torch
+
+    from .kernel import open_kernel
+
+    fields = dict(num_slots=rows, max_batch=rows, **shape)
+    fp16 = Problem(state_dtype="fp16", **fields)
+    kernels = {"sr": open_kernel(Config(backend=backend, backends={backend: dict(backend_options or {},
+                                                                                   stochastic_rounding=True)}), fp16),
+               "rtn": open_kernel(Config(backend="reference"), fp16),
+               "exact": open_kernel(Config(backend="reference"), Problem(state_dtype="fp32", **fields))}
+    start = random_states(fp16, 1, gen).half().float().expand(rows, -1, -1, -1).contiguous()
+    slots = torch.arange(rows, dtype=torch.int32, device=fp16.device)
+    one = step_inputs(fp16, slots[:1], gen).kwargs()
+    inputs = {k: (v.expand(rows, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v)
+              for k, v in one.items()}
+    inputs.update(slots=slots, D=one["D"].to(one["dt"].dtype), dt_bias=one["dt_bias"].to(one["dt"].dtype))
+    results = {}
+    for name, kernel in kernels.items():
+        state = kernel.allocate_state()
+        kernel.write_state(state, slots.long(), start)
+        kernel.step(state, **inputs)
+        results[name] = kernel.read_state(state, slots.long())
+    bias = (results["sr"] - results["exact"]).mean(0).abs().mean().item()
+    bias_nearest = (results["rtn"] - results["exact"]).mean(0).abs().mean().item()
+    spread = (results["sr"] - results["exact"]).abs().mean().item()
+    return bias, bias_nearest, spread
+
+
 #: check name -> (function(kernel, generator), what it checks)
 CHECKS: dict[str, tuple[Callable, str]] = {
     "step": (check_step, "step vs oracle (D, z, dt_bias, softplus, pad row)"),

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import ssu
-from ssu.conformance import check_cuda_graph
-from ssu.inputs import random_states, step_inputs
+from ssu.conformance import check_cuda_graph, stochastic_rounding_bias
 
 from triton_helpers import compare_steps, seeded_states
 
@@ -84,27 +83,7 @@ def test_tuning_cache_reused_by_a_second_process(tmp_path):
 def test_stochastic_rounding_is_unbiased(gen):
     """Many sequences with the same state and inputs: the mean of the stochastically rounded fp16
     states approaches the exact fp32 value; round-to-nearest keeps its bias."""
-    shape = dict(nheads=8, headdim=16, dstate=32, ngroups=1, input_dtype="fp32", num_slots=512, max_batch=512,
-                 device="cuda")
-    sr_problem = ssu.Problem(state_dtype="fp16", **shape)
-    exact_problem = ssu.Problem(state_dtype="fp32", **shape)
-    sr = ssu.open(ssu.Config(backend="triton", backends={"triton": {"stochastic_rounding": True}}), sr_problem)
-    rtn = ssu.open(ssu.Config(backend="triton"), sr_problem)
-    exact = ssu.open(ssu.Config(backend="triton"), exact_problem)
-    start = random_states(sr_problem, 1, gen).half().float().expand(512, -1, -1, -1).contiguous()
-    slots = torch.arange(512, dtype=torch.int32, device="cuda")
-    one = step_inputs(sr_problem, slots[:1], gen)
-    inputs = {k: (v.expand(512, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v)
-              for k, v in one.kwargs().items()}
-    inputs["slots"] = slots
-    results = {}
-    for name, kernel in (("sr", sr), ("rtn", rtn), ("exact", exact)):
-        state = kernel.allocate_state()
-        kernel.write_state(state, slots.long(), start)
-        kernel.step(state, **inputs)
-        results[name] = kernel.read_state(state, slots.long())
-    bias_sr = (results["sr"] - results["exact"]).mean(0).abs().mean().item()
-    bias_rtn = (results["rtn"] - results["exact"]).mean(0).abs().mean().item()
-    spread = (results["sr"] - results["exact"]).abs().mean().item()
+    bias, bias_nearest, spread = stochastic_rounding_bias("triton", gen, nheads=8, headdim=16, dstate=32,
+                                                          ngroups=1, input_dtype="fp32", device="cuda")
     assert spread > 0  # stochastic rounding really varies between sequences
-    assert bias_sr < 0.5 * bias_rtn, (bias_sr, bias_rtn)
+    assert bias < 0.5 * bias_nearest, (bias, bias_nearest)
