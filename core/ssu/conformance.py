@@ -30,7 +30,8 @@ class CheckResult:
     detail: str = ""
 
 
-def _open(backend: str, problem: Problem, registry=None, options: Optional[dict] = None):
+def open_backend(backend: str, problem: Problem, registry=None, options: Optional[dict] = None):
+    """Open ``backend`` (with its option table ``options``) for ``problem``."""
     from .kernel import open_kernel
 
     config = Config(backend=backend, backends={backend: options} if options else {})
@@ -204,11 +205,7 @@ def check_bad_inputs(kernel, gen) -> None:
 
 def open_pair(backend: str, problem, options=None, registry=None):
     """The backend's kernel and a reference kernel for the same problem."""
-    from .kernel import open_kernel
-
-    kernel = open_kernel(Config(backend=backend, backends={backend: options} if options else {}), problem,
-                         registry=registry)
-    return kernel, open_kernel(Config(backend="reference"), problem, registry=registry)
+    return open_backend(backend, problem, registry, options), open_backend("reference", problem, registry)
 
 
 def seeded_states(kernels, problem, gen, layers=1):
@@ -389,7 +386,7 @@ def run_conformance(backend: str, *, device: str = "cpu", registry=None, seed: i
     results = []
     for problem in problems_for(capabilities, device):
         try:
-            kernel = _open(backend, problem, registry, options)
+            kernel = open_backend(backend, problem, registry, options)
         except SSUError as exc:
             results.append(CheckResult("open", problem.describe(), False, str(exc)))
             continue

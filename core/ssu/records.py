@@ -128,10 +128,6 @@ class BackendSpec:
     priority: int = 0
 
 
-#: statuses a backend can be listed with
-STATUSES = ("installed", "available", "unavailable", "broken", "disabled", "incompatible")
-
-
 @attrs.frozen
 class BackendInfo:
     """One discovered backend as ``ssu.list_backends()`` reports it.

@@ -83,11 +83,6 @@ class LoadedBackend:
         """The plugin manager's hook caller (lifecycle hooks of this backend only)."""
         return self.pm.hook
 
-    def implementation(self, hook_name: str) -> Optional[Callable]:
-        """The plain function implementing ``hook_name`` (for calls that must not pay dispatch)."""
-        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
-        return impls[-1].function if impls else None
-
     def probe(self, device: str) -> Availability:
         try:
             result = self.pm.hook.ssu_probe(device=device)

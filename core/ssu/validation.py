@@ -15,9 +15,6 @@ from .errors import InputError
 from .problem import Problem
 from .records import State
 
-STEP_ARGS = ("x", "dt", "A", "B", "C", "slots", "D", "z", "dt_bias", "out")
-
-
 def step_key(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer) -> tuple:
     """Signature key of one step call: equal keys mean the full check need not run again.
 

@@ -98,7 +98,7 @@ def assert_conformant(backend: str, *, checks: Optional[Iterable[str]] = None, m
     @given(problem=problems(capabilities, device), seed=st.integers(0, 2**31 - 1))
     def run(problem, seed):
         try:
-            kernel = conformance._open(backend, problem, registry, options)
+            kernel = conformance.open_backend(backend, problem, registry, options)
         except SSUError as exc:
             raise AssertionError(f"backend {backend!r} refused a problem inside its declared capabilities "
                                  f"({problem.describe()}): {exc}") from None
