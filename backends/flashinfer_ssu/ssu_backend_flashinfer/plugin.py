@@ -5,7 +5,9 @@ backends). Without speculation each slot has one version and FlashInfer updates 
 speculation (T tokens) each slot has T + 1 versions seen by FlashInfer as ``num_slots * (T + 1)``
 cache rows: the step reads row ``slot * K + cursor`` and writes token t's state to row
 ``slot * K + (cursor + 1 + t) % K`` (FlashInfer's ``dst_state_batch_indices``); ``commit`` moves
-the cursor only.
+the cursor only. The rows are computed (a few tiny torch ops into scratch buffers) at the first
+layer after each commit and reused by the other layers of the step, so a CUDA graph should hold
+whole decode steps (every layer and the commit), as engines capture them.
 """
 
 from __future__ import annotations

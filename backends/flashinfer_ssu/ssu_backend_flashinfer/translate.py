@@ -108,6 +108,7 @@ class WeightCache:
         if entry is not None and entry[0]() is tensor and entry[1] == tensor._version:
             return entry[2]
         result = tensor.to(dtype)
+        self._entries = {k: e for k, e in self._entries.items() if e[0]() is not None}  # forget dead weights
         self._entries[key] = (weakref.ref(tensor), tensor._version, result)
         return result
 
