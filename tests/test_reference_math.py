@@ -109,13 +109,10 @@ def test_reference_backend_matches_oracle(problem, pad, options, int64, seed, da
     real = slots[: b - pad].long()
     start = torch.zeros(b, p.nheads, p.headdim, p.dstate)
     start[: b - pad] = before[1][real]
-    tok = (lambda t: t) if p.multi_token else (lambda t: None if t is None else t[:, None])
-    states, outs = oracle.ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B), tok(inputs.C),
-                                     D=inputs.D, z=tok(inputs.z), dt_bias=inputs.dt_bias,
-                                     dt_softplus=inputs.dt_softplus)
+    states, outs = oracle.step_math64(p, start, inputs)
     out = kernel.step(state, layer=1, **inputs.kwargs())
     tol = oracle.tolerance(p.state_dtype, p.input_dtype, T)
-    assert oracle.rel_error(tok(out), outs) <= tol
+    assert oracle.rel_error(oracle.with_token_axis(p, out), outs) <= tol
     if p.speculative:
         assert torch.equal(kernel.read_state(state, every, 1), before[1])  # provisional until commit
         kernel.step(state, layer=0, **step_inputs(p, slots, g, tokens=T).kwargs())  # commit covers every layer

@@ -49,21 +49,9 @@ def _prepared(kernel, gen, layers: int = 2):
     import torch
 
     p = kernel.problem
-    state = kernel.allocate_state(num_layers=layers)
+    (state,) = seeded_states((kernel,), p, gen, layers)
     every = torch.arange(p.num_slots, device=p.device)
-    values = []
-    for layer in range(layers):
-        v = random_states(p, p.num_slots, gen)
-        kernel.write_state(state, every, v, layer)
-        values.append(kernel.read_state(state, every, layer).clone())
-    return state, values
-
-
-def _oracle(kernel, start, inputs):
-    p = kernel.problem
-    tok = (lambda t: t) if p.multi_token else (lambda t: None if t is None else t[:, None])
-    return oracle.ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B), tok(inputs.C),
-                             D=inputs.D, z=tok(inputs.z), dt_bias=inputs.dt_bias, dt_softplus=inputs.dt_softplus)
+    return state, [kernel.read_state(state, every, layer).clone() for layer in range(layers)]
 
 
 def check_step(kernel, gen, *, with_options: bool = True) -> None:
@@ -87,10 +75,10 @@ def check_step(kernel, gen, *, with_options: bool = True) -> None:
         inputs = step_inputs(p, slots, gen, weights=weights, with_z=with_options, dt_softplus=with_options)
         start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
         start[: b - pad] = before[layer][real]
-        states, outs = _oracle(kernel, start, inputs)
+        states, outs = oracle.step_math64(p, start, inputs)
         out = torch.full_like(inputs.x, float("nan"))
         kernel.step(state, out=out, layer=layer, **inputs.kwargs())
-        _expect_close(f"outputs of layer {layer}", out if p.multi_token else out[:, None], outs, tol)
+        _expect_close(f"outputs of layer {layer}", oracle.with_token_axis(p, out), outs, tol)
         if p.speculative and not torch.equal(kernel.read_state(state, real, layer), before[layer][real]):
             raise CheckFailure("a speculative step changed the logical state before commit")
         expected[layer] = states
@@ -127,9 +115,9 @@ def check_decode(kernel, gen, steps: int = 4) -> None:
     for _ in range(steps):
         start = kernel.read_state(state, slots, 0)
         inputs = step_inputs(p, slots, gen, weights=weights)
-        states, outs = _oracle(kernel, start, inputs)
+        states, outs = oracle.step_math64(p, start, inputs)
         out = kernel.step(state, layer=0, **inputs.kwargs())
-        _expect_close("outputs", out if p.multi_token else out[:, None], outs, tol)
+        _expect_close("outputs", oracle.with_token_axis(p, out), outs, tol)
         pick = torch.zeros(b, dtype=torch.long, device=p.device)
         if p.speculative:
             accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)

@@ -107,12 +107,8 @@ def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pa
             report.seconds += time.perf_counter() - t0
             report.state_bytes += (batch - pad_rows) * p.state_bytes_per_slot() * (1 + writes)
             if check:
-                tok = (lambda t: t) if p.multi_token else (lambda t: None if t is None else t[:, None])
-                states, outs = oracle.ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B),
-                                                 tok(inputs.C), D=inputs.D, z=tok(inputs.z),
-                                                 dt_bias=inputs.dt_bias, dt_softplus=inputs.dt_softplus)
-                got = out if p.multi_token else out[:, None]
-                report.max_out_error = max(report.max_out_error, oracle.rel_error(got, outs))
+                states, outs = oracle.step_math64(p, start, inputs)
+                report.max_out_error = max(report.max_out_error, oracle.rel_error(oracle.with_token_axis(p, out), outs))
                 expected_states.append(states)
         accepted = None
         if p.speculative:

@@ -51,6 +51,22 @@ def ssu_math64(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
     return torch.stack(states, 1), torch.stack(outs, 1)
 
 
+def with_token_axis(problem, t):
+    """A call's (b, ...) tensor as (b, T, ...): one-token problems get a token axis of length 1,
+    speculative ones already have it (``None`` stays ``None``)."""
+    return t if problem.multi_token or t is None else t[:, None]
+
+
+def step_math64(problem, start, inputs):
+    """:func:`ssu_math64` applied to a step's inputs (:class:`ssu.inputs.StepInputs`) as a kernel
+    of ``problem`` receives them, from fp32/float64 states ``start`` (b, H, P, N)."""
+    def tok(t):
+        return with_token_axis(problem, t)
+
+    return ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B), tok(inputs.C), D=inputs.D,
+                      z=tok(inputs.z), dt_bias=inputs.dt_bias, dt_softplus=inputs.dt_softplus)
+
+
 #: unit roundoff of each dtype (half the distance between 1 and the next number)
 EPS = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp64": 2.0 ** -53}
 
