@@ -1,9 +1,11 @@
-"""Compile FlashInfer modules in parallel processes (each is about 26 s of nvcc on an H200
-machine), so that the tests and the benchmark that follow find them in FlashInfer's JIT cache.
+"""Compile FlashInfer modules in parallel processes (about 26 s of nvcc each for an SSU module,
+about 260 s for a ReplaySSM one on an H200 machine), so that the tests and the benchmark that
+follow find them in FlashInfer's JIT cache.
 
-    python benchmarks/flashinfer_prebuild.py "fp32,bf16,128,64,1,int32" "fp32,bf16,128,64,4,int32" ...
+    python benchmarks/flashinfer_prebuild.py "fp32,bf16,128,64,1,int32" "replayssm:bf16,4,15" ...
 
-Each spec is state dtype, input dtype, dstate, headdim, tokens, index dtype[, sr].
+An SSU spec is state dtype, input dtype, dstate, headdim, tokens, index dtype[, sr]; a ReplaySSM
+spec is ``replayssm:`` state dtype, tokens, max_window (H=128 P=64 N=128 G=8, bf16 input, int32).
 """
 
 from __future__ import annotations
@@ -22,15 +24,26 @@ k = ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": options}),
 k.warmup(k.allocate_state())
 """
 
+WARM_REPLAYSSM = """
+import sys, ssu
+state, T, W = sys.argv[1].split(":")[1].split(",")
+p = ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8, state_dtype=state, input_dtype="bf16",
+                num_slots=4, max_batch=2, tokens_per_step=int(T), speculative=int(T) > 1, device="cuda")
+options = {"max_window": int(W), "autotune": False}
+k = ssu.open(ssu.Config(backend="flashinfer-replayssm", backends={"flashinfer-replayssm": options}), p)
+k.warmup(k.allocate_state())
+"""
+
 
 def main(specs: list[str]) -> int:
     t0 = time.perf_counter()
-    procs = [(spec, subprocess.Popen([sys.executable, "-c", WARM, spec], stdout=subprocess.PIPE,
+    procs = [(spec, subprocess.Popen([sys.executable, "-c", WARM_REPLAYSSM if spec.startswith("replayssm:") else WARM,
+                                      spec], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)) for spec in specs]
     failed = 0
     for spec, proc in procs:
         out, _ = proc.communicate()
-        lines = [line for line in out.splitlines() if "module" in line or "Error" in line]
+        lines = [line for line in out.splitlines() if "module" in line or "Error" in line or "ready" in line]
         print(f"{spec}: rc={proc.returncode} {lines[-1] if lines else out[-300:]}")
         failed += proc.returncode != 0
     print(f"prebuilt {len(specs)} modules in {time.perf_counter() - t0:.0f} s")

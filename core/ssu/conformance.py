@@ -57,8 +57,8 @@ def _prepared(kernel, gen, layers: int = 2):
 def check_step(kernel, gen, *, with_options: bool = True) -> None:
     """One step (one commit if speculative) against the oracle: outputs of every row, pad rows
     included; new states of the batch; every other slot bit-identical. Without speculation only
-    layer 1 is stepped and layer 0 must not change; with it every layer is stepped, as commit
-    covers the whole group."""
+    layer 1 is stepped and layer 0 must not change; with it (or when the backend's layers share
+    their commit) every layer is stepped, as commit covers the whole group."""
     import torch
 
     p = kernel.problem
@@ -68,7 +68,8 @@ def check_step(kernel, gen, *, with_options: bool = True) -> None:
     pad = 1 if b >= 2 else 0
     slots = pick_slots(p, b, gen, pad_rows=pad)
     real = slots[: b - pad].long()
-    stepped = list(range(state.num_layers)) if p.speculative else [1]
+    group = p.speculative or kernel.capabilities.layers_share_commit
+    stepped = list(range(state.num_layers)) if group else [1]
     expected = {}
     for layer in stepped:
         weights = layer_weights(p, gen, with_D=with_options, with_dt_bias=with_options)
@@ -209,6 +210,18 @@ def seeded_states(kernels, problem, gen, layers=1):
     return states
 
 
+def _slot_rows(buffers: dict, num_slots: int) -> dict:
+    """Each state buffer indexed by slot first: axis 1 of a per-layer buffer (dim >= 2), axis 0 of
+    a 1-D one, its first ``num_slots`` rows (rows after them are backend-private, e.g. pad sinks)."""
+    rows = {}
+    for name, buf in buffers.items():
+        if buf.dim() >= 2 and buf.shape[1] >= num_slots:
+            rows[name] = buf[:, :num_slots].transpose(0, 1)
+        elif buf.dim() == 1 and buf.shape[0] >= num_slots:
+            rows[name] = buf[:num_slots]
+    return rows
+
+
 def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, pad=0, index_dtype=None,
                            options=True, tokens=None, layers=1, backend_options=None, registry=None):
     """Drive ``backend`` and the reference through ``steps`` steps (and commits) with the same
@@ -225,8 +238,7 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
     real = slots[: b - pad].long()
     untouched = torch.ones(problem.num_slots, dtype=torch.bool, device=problem.device)
     untouched[real] = False
-    raw_before = {k: v[:, untouched].clone() for k, v in ts.buffers.items()
-                  if v.dim() >= 2 and v.shape[1] == problem.num_slots}
+    raw_before = {name: rows[untouched].clone() for name, rows in _slot_rows(ts.buffers, problem.num_slots).items()}
     T = tokens or problem.tokens_per_step
     tol = oracle.tolerance(problem.state_dtype, problem.input_dtype, T)
     weights = [layer_weights(problem, gen, with_D=options, with_dt_bias=options) for _ in range(layers)]
@@ -247,8 +259,9 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
             rk.commit(rs, slots, accepted)
         for layer in range(layers):
             _expect_close(f"states of layer {layer}", tk.read_state(ts, real, layer), rk.read_state(rs, real, layer), tol)
+    rows_after = _slot_rows(ts.buffers, problem.num_slots)
     for name, before in raw_before.items():
-        if not torch.equal(ts.buffers[name][:, untouched], before):
+        if not torch.equal(rows_after[name][untouched], before):
             raise CheckFailure(f"buffer {name!r}: a slot outside the batch was touched")
     return tk, ts
 

@@ -58,7 +58,8 @@ class Kernel:
         self._loaded = loaded
         self._ctx = ctx
         self._hook = loaded.hook
-        self._checker = Checker(ctx.problem, loaded.name, loaded.spec.capabilities.index_dtypes)
+        caps = loaded.spec.capabilities
+        self._checker = Checker(ctx.problem, loaded.name, caps.index_dtypes, caps.layers_share_commit)
         try:
             raw = loaded.spec.factory(ctx)
         except BackendError:
@@ -105,7 +106,9 @@ class Kernel:
     def commit(self, state: State, slots, num_accepted) -> None:
         """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last
         step, for every layer of ``state``. Once per step, after the last layer: every layer of
-        the group must have been stepped with these slots since the previous commit."""
+        the group must have been stepped with these slots since the previous commit. Without
+        speculation only backends with ``capabilities.layers_share_commit`` take a commit (of
+        ones), when their options ask for explicit commits."""
         if self.config.validate:
             key = (id(state), slots.shape, slots.dtype, slots.device,
                    getattr(num_accepted, "shape", None), getattr(num_accepted, "dtype", None),

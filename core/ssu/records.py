@@ -15,8 +15,8 @@ from .dtypes import INDEX_DTYPES, INPUT_DTYPES, STATE_DTYPES
 
 #: The plugin API this core implements. A backend declaring another major, or a newer minor,
 #: is reported ``incompatible`` and never used. Hooks gain arguments in minor versions; none
-#: are removed before the next major.
-PLUGIN_API_VERSION = "1.0"
+#: are removed before the next major. 1.1 added ``Capabilities.layers_share_commit``.
+PLUGIN_API_VERSION = "1.1"
 
 
 def _frozen(values) -> frozenset:
@@ -32,6 +32,11 @@ class Capabilities:
     """What a backend can do. The core refuses problems outside these before calling the backend.
 
     ``headdims``/``dstates``/``nheads``/``ngroups`` are ``None`` for "any value".
+
+    ``layers_share_commit``: the layers of one :class:`State` share a single commit (ReplaySSM's
+    ring cursors). Between two commits every layer of the group is stepped once with the same
+    slots; without speculation the group commits at the step of its last layer, or at an
+    explicit ``commit`` (with ``num_accepted`` of ones) if the backend's options say so.
     """
 
     devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
@@ -47,6 +52,7 @@ class Capabilities:
     stochastic_rounding: bool = False
     cuda_graphs: bool = False
     torch_compile: bool = False
+    layers_share_commit: bool = False
 
     def check(self, problem: Any) -> list[str]:
         """Reasons why ``problem`` is outside these capabilities (empty list: inside)."""

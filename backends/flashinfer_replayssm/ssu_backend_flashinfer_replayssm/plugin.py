@@ -1,0 +1,124 @@
+"""Hooks of the ``flashinfer-replayssm`` backend. Importing this module imports neither torch nor
+flashinfer.
+
+ReplaySSM (FlashInfer ``checkpointing_ssu``) keeps per slot a checkpoint state plus a ring of the
+last tokens' inputs and writes the checkpoint only when the ring is full (see :mod:`.layout` for
+the buffers, :mod:`.cursors` for the commit rule). The cursors are shared by every layer of a
+state group (``Capabilities.layers_share_commit``): between two commits every layer is stepped
+once with the same slots. With speculation the engine calls ``commit`` after the last layer; with
+speculation off the step of the last layer commits (option ``commit_on_last_layer``, default), or
+the engine calls ``commit(state, slots, ones)`` itself when that option is false.
+"""
+
+from __future__ import annotations
+
+import ssu
+
+from .options import MAX_WINDOW, ReplayOptions
+
+NAME = "flashinfer-replayssm"
+#: checkpointing_ssu's output tiling handles 32 or 64 rows per head (P = 80 does not build)
+HEADDIMS = (32, 64)
+#: its replay MMA passes cover 32 columns of N each, in pairs
+DSTATES = (64, 128, 192, 256)
+
+
+@ssu.hookimpl
+def ssu_backend():
+    return ssu.BackendSpec(
+        name=NAME,
+        api_version="1.1",
+        factory=_factory,
+        capabilities=ssu.Capabilities(devices={"cuda"}, state_dtypes={"fp32", "bf16", "fp16"}, input_dtypes={"bf16"},
+                                      max_tokens_per_step=MAX_WINDOW, speculative=True, headdims=HEADDIMS,
+                                      dstates=DSTATES,
+                                      cuda_graphs=True, layers_share_commit=True),
+        options_class=ReplayOptions,
+        description="FlashInfer ReplaySSM (checkpointing_ssu): checkpoint + ring of recent inputs, cursor commits",
+        url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_replayssm",
+        priority=30,
+    )
+
+
+@ssu.hookimpl
+def ssu_probe(device):
+    from ssu_backend_flashinfer.availability import flashinfer_availability
+
+    return flashinfer_availability(device)
+
+
+def problem_reasons(problem, options) -> list[str]:
+    """Why FlashInfer's checkpointing_ssu build cannot serve ``problem`` with ``options``."""
+    reasons = []
+    T = problem.tokens_per_step
+    if options.max_window < T:
+        reasons.append(f"max_window={options.max_window} is below tokens_per_step={T}: the ring must hold a whole "
+                       f"step; set max_window between {T} and {MAX_WINDOW}")
+    return reasons
+
+
+@ssu.hookimpl
+def ssu_supports(problem, options):
+    reasons = problem_reasons(problem, options)
+    return ssu.Verdict.reject(*reasons) if reasons else ssu.ACCEPT
+
+
+@ssu.hookimpl
+def ssu_allocate_state(ctx, num_layers):
+    from . import layout
+
+    return layout.allocate(ctx.problem, num_layers, ctx.options.ring_length(ctx.problem.tokens_per_step), ctx.spec.name)
+
+
+@ssu.hookimpl
+def ssu_allocate_scratch(ctx):
+    """FlashInfer's two-kernel scratch for ``max_batch`` plus index buffers: before any capture."""
+    from .translate import allocate_scratch, make_advance
+
+    scratch = allocate_scratch(ctx.problem, ctx.options)
+    scratch["advance"] = make_advance(ctx.problem, ctx.options)
+    return scratch
+
+
+@ssu.hookimpl
+def ssu_commit(ctx, state, slots, num_accepted):
+    from ssu.errors import InputError
+
+    from .translate import commit
+
+    if not ctx.problem.speculative and ctx.options.commit_on_last_layer:
+        raise InputError("commit: with speculation off, backend 'flashinfer-replayssm' commits at the step of the "
+                         "group's last layer (option commit_on_last_layer = true); set commit_on_last_layer = false "
+                         "in [ssu.backends.flashinfer-replayssm] to commit explicitly")
+    commit(ctx.scratch, ctx.scratch["advance"], state, slots, num_accepted)
+
+
+@ssu.hookimpl
+def ssu_read_state(ctx, state, slots, layer):
+    from . import layout
+
+    return layout.read(state, slots, layer, ctx.problem.tokens_per_step, ctx.options.max_window)
+
+
+@ssu.hookimpl
+def ssu_write_state(ctx, state, slots, values, layer):
+    from . import layout
+
+    layout.write(state, slots, values, layer, ctx.problem.tokens_per_step, ctx.options.max_window)
+
+
+@ssu.hookimpl
+def ssu_warmup(ctx, state, step):
+    """JIT build of the module (with progress lines), then FlashInfer's autotuning on a private
+    state, saved to (or loaded from) the tuning cache file. The live state is not touched."""
+    from .warmup import build, log, tune
+
+    for index_dtype in ("int32",):
+        build(ctx, index_dtype)
+    log(tune(ctx))
+
+
+def _factory(ctx):
+    from .translate import make_step
+
+    return make_step(ctx, ctx.scratch["advance"])

@@ -1,0 +1,156 @@
+"""From the canonical ssu call to FlashInfer's ``checkpointing_ssu``, and the step callable.
+
+FlashInfer wants the token axis always (x (b, T, H, P)), per-head A, dt, D and dt_bias as
+broadcast views with stride 0 over the head dimension, and D and dt_bias in one dtype (both are
+given in fp32 here, converted once per weight tensor). Pad rows are pointed at the pad slot
+(row ``num_slots``, zero checkpoint, cursors at zero), so that they read a zero state and still
+get their output row, as SPEC.md asks; FlashInfer itself would skip them. :func:`cs_arguments` is
+a pure function so that a CPU test can check it against the installed FlashInfer's signature.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ssu.errors import InputError
+
+from . import cursors, layout
+
+
+def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, rows,
+                 scratch_trio) -> dict:
+    """Keyword arguments of ``flashinfer.mamba.checkpointing_ssu`` for one call of ``layer``.
+
+    ``x``, ``dt``, ``B``, ``C``, ``z`` and ``out`` carry the token axis; ``rows`` are the cache rows
+    (pad rows already pointed at the pad slot); ``D`` and ``dt_bias`` are fp32 (or None)."""
+    H, P, N = problem.nheads, problem.headdim, problem.dstate
+    S1 = problem.num_slots + 1
+    kwargs = dict(
+        state=buffers["ssm"][layer],
+        x_cache=buffers["x_cache"][layer],
+        B_cache=buffers["B_cache"][layer],
+        dt_cache=buffers["dt_cache"][layer],
+        ring_start=buffers["ring_start"][:S1],
+        prev_num_accepted_tokens=buffers["pnat"][:S1],
+        x=x,
+        dt=dt.unsqueeze(-1).expand(*dt.shape, P),
+        A=A[:, None, None].expand(H, P, N),
+        B=B,
+        C=C,
+        out=out,
+        D=D[:, None].expand(H, P),
+        z=z,
+        dt_bias=None if dt_bias is None else dt_bias[:, None].expand(H, P),
+        dt_softplus=dt_softplus,
+        state_batch_indices=rows,
+        pad_slot_id=problem.pad_slot_id,
+        algorithm=options.algorithm,
+    )
+    if scratch_trio is not None:
+        b = x.shape[0]
+        kwargs.update(cb_scaled=scratch_trio[0][:b], cumAdt_vec=scratch_trio[1][:b], cb_old=scratch_trio[2][:b])
+    return kwargs
+
+
+def allocate_scratch(problem, options) -> dict:
+    """Buffers allocated once per kernel, before any CUDA-graph capture: FlashInfer's two-kernel
+    scratch (unless ``algorithm = "monolith"``), the cache rows of a step per index dtype, a zero
+    D, and ones (the accepted counts of a commit without speculation)."""
+    p = problem
+    dev = p.device
+    scratch = {
+        "trio": None,
+        "rows_for": None,
+        "rows": {dtype: dict(pad=torch.empty(p.max_batch, dtype=torch.bool, device=dev),
+                             rows=torch.empty(p.max_batch, dtype=dtype, device=dev),
+                             pad_row=torch.full((), cursors.pad_slot(p.num_slots), dtype=dtype, device=dev))
+                 for dtype in (torch.int32, torch.int64)},
+        "zero_D": torch.zeros(p.nheads, dtype=torch.float32, device=dev),
+        "ones": torch.ones(p.max_batch, dtype=torch.int32, device=dev),
+    }
+    if options.algorithm != "monolith" and p.device_type == "cuda":
+        from flashinfer.mamba import allocate_checkpointing_ssu_scratch
+
+        scratch["trio"] = allocate_checkpointing_ssu_scratch(p.max_batch, p.nheads, p.tokens_per_step,
+                                                             options.max_window, torch.bfloat16, dev)
+    return scratch
+
+
+def cache_rows(scratch, problem, slots):
+    """``slots`` with pad ids replaced by the pad slot, written into scratch with ``out=`` ops (no
+    allocation, no host sync); computed at the first layer after each commit and reused by the
+    other layers of the step."""
+    if scratch["rows_for"] is slots:
+        return scratch["rows"][slots.dtype]["rows"][: slots.shape[0]]
+    b = slots.shape[0]
+    buf = scratch["rows"][slots.dtype]
+    pad = torch.eq(slots, problem.pad_slot_id, out=buf["pad"][:b])
+    rows = torch.where(pad, buf["pad_row"], slots, out=buf["rows"][:b])
+    scratch["rows_for"] = slots
+    return rows
+
+
+def make_advance(problem, options):
+    """The cursor update of one commit, bound to this problem: Triton on CUDA when available."""
+    impl = cursors.advance_triton if cursors.triton_usable(problem.device_type) else cursors.advance_torch
+    fields = dict(tokens=problem.tokens_per_step, max_window=options.max_window,
+                  pad_slot_id=problem.pad_slot_id, num_slots=problem.num_slots)
+
+    def advance(state, slots, accepted) -> None:
+        impl(state.buffers["ring_start"], state.buffers["pnat"], slots, accepted, **fields)
+
+    return advance
+
+
+def commit(scratch, advance, state, slots, accepted) -> None:
+    """Move the group's cursors and forget what the step left pending."""
+    advance(state, slots, accepted)
+    scratch["rows_for"] = None
+    rec = layout.record(state)
+    rec.pending_layers.clear()
+    rec.pending_slots = None
+
+
+def make_step(ctx, advance=None):
+    """The step callable of one kernel."""
+    from flashinfer.mamba import checkpointing_ssu
+    from ssu_backend_flashinfer.translate import WeightCache
+
+    p = ctx.problem
+    options = ctx.options
+    scratch = ctx.scratch
+    zero_D = scratch["zero_D"]
+    ones = scratch["ones"]
+    trio = scratch["trio"]
+    T = p.tokens_per_step
+    multi = p.multi_token
+    commits_itself = not p.speculative and options.commit_on_last_layer
+    advance = make_advance(p, options) if advance is None else advance
+    converted = WeightCache()
+
+    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+        if out is None:
+            out = torch.empty_like(x)
+        if multi:
+            if x.shape[1] != T:
+                raise InputError(f"x: {x.shape[1]} tokens per sequence; backend 'flashinfer-replayssm' is "
+                                 f"compiled for exactly tokens_per_step={T} (the ring holds max_window + T rows)")
+            x4, dt3, B4, C4, z4, out4 = x, dt, B, C, z, out
+        else:
+            x4, dt3, B4, C4, out4 = x.unsqueeze(1), dt.unsqueeze(1), B.unsqueeze(1), C.unsqueeze(1), out.unsqueeze(1)
+            z4 = None if z is None else z.unsqueeze(1)
+        D = zero_D if D is None else (D if D.dtype == torch.float32 else converted(D, torch.float32))
+        if dt_bias is not None and dt_bias.dtype != torch.float32:
+            dt_bias = converted(dt_bias, torch.float32)
+        rows = cache_rows(scratch, p, slots)
+        checkpointing_ssu(**cs_arguments(p, options, state.buffers, layer, x4, dt3, A, B4, C4, D, z4, dt_bias,
+                                         dt_softplus, out4, rows, trio))
+        rec = layout.record(state)
+        rec.A[layer] = A
+        rec.pending_layers.add(layer)
+        rec.pending_slots = slots
+        if commits_itself and layer == state.num_layers - 1:
+            commit(scratch, advance, state, slots, ones[: slots.shape[0]])
+        return out
+
+    return step

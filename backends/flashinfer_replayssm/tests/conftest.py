@@ -1,0 +1,39 @@
+"""ReplaySSM backend tests: CPU ones always (the real kernel replaced by :mod:`emulation`); GPU
+ones (marker ``gpu``) only with CUDA."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1618)
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """A registry holding ``replayssm-emulated`` (the real hooks on the CPU, FlashInfer's kernel
+    replaced by the emulation) and the reference backend."""
+    import flashinfer.mamba
+
+    import emulation
+    from ssu.registry import Registry
+
+    monkeypatch.setattr(flashinfer.mamba, "checkpointing_ssu", emulation.checkpointing_ssu)
+    registry = Registry()
+    registry.register(emulation.emulated_plugin())
+    return registry
