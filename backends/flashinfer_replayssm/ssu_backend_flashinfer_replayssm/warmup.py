@@ -125,6 +125,13 @@ def tune(ctx) -> str:
     tuned = stats.tuned_op_total_configs.get(OP) != before
     ctx.memo["tuned"] = tuned
     if tuned:
+        if not path.is_file():
+            # FlashInfer 0.7.4 saves on leaving the context only when its "dirty" flag is set, and
+            # once on an H200 it was not after tuning this op: save explicitly.
+            AutoTuner.get().save_configs(str(path))
+        if not path.is_file():
+            return (f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s, but FlashInfer wrote no "
+                    f"tuning file at {path}: the next process tunes again")
         return f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s; saved to {path}"
     source = f"loaded from {path}" if existed else "already tuned in this process"
     return f"tuning {source}, nothing re-tuned ({took:.1f} s)"
