@@ -9,6 +9,10 @@ export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 if [[ $what == tests || $what == all ]]; then
+  # every FlashInfer module the GPU tests use, built in parallel (ReplaySSM ones take ~300 s each)
+  python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,1,int32 bf16,bf16,128,64,1,int32 \
+    fp32,bf16,128,64,4,int32 fp32,bf16,128,80,1,int32 bf16,bf16,256,64,1,int32 fp16,bf16,128,64,1,int32,sr \
+    replayssm:fp32,1,15 replayssm:bf16,1,15 replayssm:fp32,4,15 replayssm:bf16,4,15 | tee "$OUT/prebuild.log"
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider backends 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
 fi
 if [[ $what == bench || $what == all ]]; then
