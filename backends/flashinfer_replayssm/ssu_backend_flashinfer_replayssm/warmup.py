@@ -96,6 +96,18 @@ def build(ctx, index_dtype: str) -> float:
     return took
 
 
+def saved_entries(path) -> int:
+    """How many checkpointing_ssu results FlashInfer's tuning file holds (0 if none or unreadable)."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return 0
+    return sum(OP in key for key in data) if isinstance(data, dict) else 0
+
+
 def tune(ctx) -> str:
     """FlashInfer's autotuning for ``algorithm = "auto"``: one maximum-batch call inside
     ``flashinfer.autotune(True, cache=...)``, which loads earlier results from the cache file
@@ -129,9 +141,10 @@ def tune(ctx) -> str:
             # FlashInfer 0.7.4 saves on leaving the context only when its "dirty" flag is set, and
             # once on an H200 it was not after tuning this op: save explicitly.
             AutoTuner.get().save_configs(str(path))
-        if not path.is_file():
-            return (f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s, but FlashInfer wrote no "
-                    f"tuning file at {path}: the next process tunes again")
-        return f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s; saved to {path}"
+        saved = saved_entries(path)
+        if not saved:
+            return (f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s, but FlashInfer's tuning file "
+                    f"{path} holds no {OP} entry: the next process tunes again")
+        return f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s; {saved} entries saved to {path}"
     source = f"loaded from {path}" if existed else "already tuned in this process"
     return f"tuning {source}, nothing re-tuned ({took:.1f} s)"

@@ -282,3 +282,33 @@ def test_tokens_other_than_compiled_are_refused(emulated, gen):
     slots = pick_slots(p, 2, gen)
     with pytest.raises(ssu.InputError, match="exactly tokens_per_step=3"):
         kernel.step(state, **step_inputs(p, slots, gen, tokens=2).kwargs())
+
+
+def test_tuning_file_entries_are_counted(tmp_path):
+    """Warmup reports whether FlashInfer's tuning file really holds checkpointing_ssu results
+    (on an H200 FlashInfer once left it unwritten), instead of claiming a save."""
+    import json
+
+    from ssu_backend_flashinfer_replayssm.warmup import saved_entries
+
+    path = tmp_path / "tuning.json"
+    assert saved_entries(path) == 0
+    path.write_text("not json")
+    assert saved_entries(path) == 0
+    path.write_text(json.dumps({"_metadata": {}, "('checkpointing_ssu', 'CheckpointingSSURunner', ((8,),), ())": [
+        "CheckpointingSSURunner", [1, 4, 16, 1]], "('bf16_gemm', 'R', ((8,),), ())": ["R", 0]}))
+    assert saved_entries(path) == 1
+
+
+def test_warmup_on_the_emulated_kernel_builds_and_leaves_the_state(emulated, gen, capsys):
+    p = problem(tokens_per_step=2)
+    kernel = _open(emulated, p, max_window=4)
+    state = kernel.allocate_state(2)
+    every = torch.arange(p.num_slots)
+    for layer in range(2):
+        kernel.write_state(state, every, random_states(p, p.num_slots, gen), layer)
+    before = {name: buf.clone() for name, buf in state.buffers.items()}
+    kernel.warmup(state)
+    assert all(torch.equal(buf, before[name]) for name, buf in state.buffers.items())
+    err = capsys.readouterr().err
+    assert "loading or compiling" in err and "ready" in err and "no tuning on cpu" in err
