@@ -1,5 +1,6 @@
 """ReplaySSM backend tests: CPU ones always (the real kernel replaced by :mod:`emulation`); GPU
-ones (marker ``gpu``) only with CUDA."""
+ones (marker ``gpu``) only with CUDA (the
+repository's conftest.py skips them otherwise)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,6 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-
-def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
-            item.add_marker(skip)
 
 
 @pytest.fixture

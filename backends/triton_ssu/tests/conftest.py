@@ -11,14 +11,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
 
 
-
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(4321)
-
-
-def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
-            item.add_marker(skip)
