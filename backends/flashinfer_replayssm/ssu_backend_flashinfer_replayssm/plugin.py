@@ -73,11 +73,9 @@ def ssu_allocate_state(ctx, num_layers):
 @ssu.hookimpl
 def ssu_allocate_scratch(ctx):
     """FlashInfer's two-kernel scratch for ``max_batch`` plus index buffers: before any capture."""
-    from .translate import allocate_scratch, make_advance
+    from .translate import allocate_scratch
 
-    scratch = allocate_scratch(ctx.problem, ctx.options)
-    scratch["advance"] = make_advance(ctx.problem, ctx.options)
-    return scratch
+    return allocate_scratch(ctx.problem, ctx.options)
 
 
 @ssu.hookimpl
@@ -121,4 +119,4 @@ def ssu_warmup(ctx, state, step):
 def _factory(ctx):
     from .translate import make_step
 
-    return make_step(ctx, ctx.scratch["advance"])
+    return make_step(ctx)

@@ -1,7 +1,8 @@
 """From the canonical ssu call to FlashInfer's ``checkpointing_ssu``, and the step callable.
 
 FlashInfer wants the token axis always (x (b, T, H, P)), per-head A, dt, D and dt_bias as
-broadcast views with stride 0 over the head dimension, and D and dt_bias in one dtype (both are
+broadcast views with stride 0 over the head dimension (the flashinfer backend's ``tie_hdim``),
+and D and dt_bias in one dtype (both are
 given in fp32 here, converted once per weight tensor). Pad rows are pointed at the pad slot
 (row ``num_slots``, zero checkpoint, cursors at zero), so that they read a zero state and still
 get their output row, as SPEC.md asks; FlashInfer itself would skip them. :func:`cs_arguments` is
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ssu.errors import InputError
+from ssu_backend_flashinfer.translate import tie_hdim
 
 from . import cursors, layout
 
@@ -23,7 +25,6 @@ def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias
 
     ``x``, ``dt``, ``B``, ``C``, ``z`` and ``out`` carry the token axis; ``rows`` are the cache rows
     (pad rows already pointed at the pad slot); ``D`` and ``dt_bias`` are fp32 (or None)."""
-    H, P, N = problem.nheads, problem.headdim, problem.dstate
     S1 = problem.num_slots + 1
     kwargs = dict(
         state=buffers["ssm"][layer],
@@ -33,14 +34,11 @@ def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias
         ring_start=buffers["ring_start"][:S1],
         prev_num_accepted_tokens=buffers["pnat"][:S1],
         x=x,
-        dt=dt.unsqueeze(-1).expand(*dt.shape, P),
-        A=A[:, None, None].expand(H, P, N),
         B=B,
         C=C,
         out=out,
-        D=D[:, None].expand(H, P),
         z=z,
-        dt_bias=None if dt_bias is None else dt_bias[:, None].expand(H, P),
+        **tie_hdim(problem, dt, A, D, dt_bias),
         dt_softplus=dt_softplus,
         state_batch_indices=rows,
         pad_slot_id=problem.pad_slot_id,
@@ -55,7 +53,8 @@ def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias
 def allocate_scratch(problem, options) -> dict:
     """Buffers allocated once per kernel, before any CUDA-graph capture: FlashInfer's two-kernel
     scratch (unless ``algorithm = "monolith"``), the cache rows of a step per index dtype, a zero
-    D, and ones (the accepted counts of a commit without speculation)."""
+    D, and ones (the accepted counts of a commit without speculation); plus the kernel's cursor
+    update (``advance``, see :func:`make_advance`)."""
     p = problem
     dev = p.device
     scratch = {
@@ -67,6 +66,7 @@ def allocate_scratch(problem, options) -> dict:
                  for dtype in (torch.int32, torch.int64)},
         "zero_D": torch.zeros(p.nheads, dtype=torch.float32, device=dev),
         "ones": torch.ones(p.max_batch, dtype=torch.int32, device=dev),
+        "advance": make_advance(p, options),
     }
     if options.algorithm != "monolith" and p.device_type == "cuda":
         from flashinfer.mamba import allocate_checkpointing_ssu_scratch
@@ -111,7 +111,7 @@ def commit(scratch, advance, state, slots, accepted) -> None:
     rec.pending_slots = None
 
 
-def make_step(ctx, advance=None):
+def make_step(ctx):
     """The step callable of one kernel."""
     from flashinfer.mamba import checkpointing_ssu
     from ssu_backend_flashinfer.translate import WeightCache
@@ -125,7 +125,7 @@ def make_step(ctx, advance=None):
     T = p.tokens_per_step
     multi = p.multi_token
     commits_itself = not p.speculative and options.commit_on_last_layer
-    advance = make_advance(p, options) if advance is None else advance
+    advance = scratch["advance"]
     converted = WeightCache()
 
     def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
@@ -134,7 +134,8 @@ def make_step(ctx, advance=None):
         if multi:
             if x.shape[1] != T:
                 raise InputError(f"x: {x.shape[1]} tokens per sequence; backend 'flashinfer-replayssm' is "
-                                 f"compiled for exactly tokens_per_step={T} (the ring holds max_window + T rows)")
+                                 f"compiled for exactly tokens_per_step={T} (the ring holds max_window + T rows); "
+                                 f"pad the drafts to {T} tokens, or open a kernel with that tokens_per_step")
             x4, dt3, B4, C4, z4, out4 = x, dt, B, C, z, out
         else:
             x4, dt3, B4, C4, out4 = x.unsqueeze(1), dt.unsqueeze(1), B.unsqueeze(1), C.unsqueeze(1), out.unsqueeze(1)

@@ -19,20 +19,26 @@ from ssu import slot_state
 from ssu.slot_state import versions
 
 
+def tie_hdim(problem, dt, A, D, dt_bias) -> dict:
+    """dt, A, D and dt_bias as FlashInfer's "tie_hdim" views: per head, broadcast with stride 0
+    over the head dimension (dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P))."""
+    H, P, N = problem.nheads, problem.headdim, problem.dstate
+    return dict(dt=dt.unsqueeze(-1).expand(*dt.shape, P),
+                A=A[:, None, None].expand(H, P, N),
+                D=D[:, None].expand(H, P),
+                dt_bias=None if dt_bias is None else dt_bias[:, None].expand(H, P))
+
+
 def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, read_rows,
                  dst_rows, seed) -> dict:
     """Keyword arguments of ``flashinfer.mamba.selective_state_update`` for one call."""
-    H, P, N = problem.nheads, problem.headdim, problem.dstate
     kwargs = dict(
         state=state_rows,
         x=x,
-        dt=dt.unsqueeze(-1).expand(*dt.shape, P),
-        A=A[:, None, None].expand(H, P, N),
         B=B,
         C=C,
-        D=D[:, None].expand(H, P),
         z=z,
-        dt_bias=None if dt_bias is None else dt_bias[:, None].expand(H, P),
+        **tie_hdim(problem, dt, A, D, dt_bias),
         dt_softplus=dt_softplus,
         state_batch_indices=read_rows,
         pad_slot_id=problem.pad_slot_id,
