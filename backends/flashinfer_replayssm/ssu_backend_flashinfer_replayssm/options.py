@@ -16,6 +16,15 @@ MAX_WINDOW = 16
 CACHE_ENV = "SSU_REPLAYSSM_TUNING_CACHE"
 
 
+def _batches(value) -> tuple:
+    """``tuning_batches``: a list of positive batch sizes (empty: FlashInfer's own buckets)."""
+    if not isinstance(value, (list, tuple)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                                   for b in value):
+        raise ConfigError(f"tuning_batches={value!r} is not valid; give a list of positive batch sizes, "
+                          "e.g. [64, 128, 256]")
+    return tuple(sorted(set(value)))
+
+
 def _path(value) -> Optional[str]:
     if value is None:
         return None
@@ -35,6 +44,9 @@ class ReplayOptions:
     ``autotune``: warmup runs FlashInfer's autotuner for ``algorithm = "auto"`` (minutes at a
     large ``max_batch``, once: the results are cached); false leaves the choice to FlashInfer's
     built-in rule (two-kernel when batch x heads >= the GPU's SM count, else monolith).
+    ``tuning_batches``: the batch sizes the autotuner profiles (e.g. ``[64, 128, 256]``; others
+    use the nearest profiled one); empty: FlashInfer's own buckets up to ``max_batch``, which at
+    a large ``max_batch`` profile for minutes.
     ``commit_on_last_layer``: with speculation off, the step of the group's last layer moves the
     ring cursors (true), or the engine calls ``kernel.commit(state, slots, ones)`` after it
     (false)."""
@@ -43,6 +55,7 @@ class ReplayOptions:
     algorithm: str = attrs.field(default="auto", validator=choice(*ALGORITHMS))
     tuning_cache: Optional[str] = attrs.field(default=None, converter=_path)
     autotune: bool = True
+    tuning_batches: tuple[int, ...] = attrs.field(default=(), converter=_batches)
     commit_on_last_layer: bool = True
 
     def tuning_cache_path(self) -> Path:

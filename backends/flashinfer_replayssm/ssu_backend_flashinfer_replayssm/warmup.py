@@ -9,6 +9,7 @@ live state; they are keyed by problem, batch bucket and GPU.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -108,6 +109,50 @@ def saved_entries(path) -> int:
     return sum(OP in key for key in data) if isinstance(data, dict) else 0
 
 
+@contextmanager
+def tactic_failures(keep: int = 3):
+    """Collect FlashInfer's reasons for tactics that failed while being profiled (it logs them at
+    debug level only) without printing its other debug lines: yields a list of messages."""
+    from flashinfer.jit.core import logger
+
+    failures: list = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if "Skipping tactic" in message and len(failures) < keep:
+                failures.append(message[:600])
+
+    level = logger.level
+    handler_levels = [(h, h.level) for h in logger.handlers]
+    for h, old in handler_levels:
+        h.setLevel(max(old, level))  # the existing handlers print what they printed before
+    capture = Capture(logging.DEBUG)
+    logger.addHandler(capture)
+    logger.setLevel(logging.DEBUG)
+    getattr(logger, "_cache", {}).clear()  # its level cache: the logger is not in logging's registry
+    try:
+        yield failures
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(level)
+        getattr(logger, "_cache", {}).clear()
+        for h, old in handler_levels:
+            h.setLevel(old)
+
+
+def winners_held() -> str:
+    """Where FlashInfer's autotuner keeps this process's results (a diagnostic for a tuning file
+    left without entries: only the plain cache is saved to the file)."""
+    from flashinfer.autotuner import AutoTuner
+
+    tuner = AutoTuner.get()
+    plain = sum(OP in str(key) for key in getattr(tuner, "profiling_cache", {}))
+    partitions = getattr(tuner, "_winner_partitions", {})
+    held = sum(OP in str(key) for part in partitions.values() for key in part)
+    return f"in memory: {plain} in the plain cache, {held} in {len(partitions)} measurement partition(s)"
+
+
 def tune(ctx) -> str:
     """FlashInfer's autotuning for ``algorithm = "auto"``: one maximum-batch call inside
     ``flashinfer.autotune(True, cache=...)``, which loads earlier results from the cache file
@@ -125,12 +170,13 @@ def tune(ctx) -> str:
     path = options.tuning_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     existed = path.is_file()
-    call = private_call(ctx, ctx.problem.max_batch, "int32", "auto")
+    batches = [b for b in options.tuning_batches if b <= ctx.problem.max_batch] or None
+    call = private_call(ctx, max(batches) if batches else ctx.problem.max_batch, "int32", "auto")
     stats = AutoTuner.get().stats
     before = stats.tuned_op_total_configs.get(OP)
     t0 = time.perf_counter()
-    with progress("autotuning"):
-        with flashinfer.autotune(True, cache=str(path)):
+    with progress("autotuning"), tactic_failures() as failures:
+        with flashinfer.autotune(True, cache=str(path), tuning_buckets=tuple(batches) if batches else None):
             call()
         synchronize(ctx.problem)
     took = time.perf_counter() - t0
@@ -142,9 +188,11 @@ def tune(ctx) -> str:
             # once on an H200 it was not after tuning this op: save explicitly.
             AutoTuner.get().save_configs(str(path))
         saved = saved_entries(path)
+        which = f"batches {batches}" if batches else f"batches up to {ctx.problem.max_batch}"
         if not saved:
-            return (f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s, but FlashInfer's tuning file "
-                    f"{path} holds no {OP} entry: the next process tunes again")
-        return f"tuned for batches up to {ctx.problem.max_batch} in {took:.1f} s; {saved} entries saved to {path}"
+            why = f"; FlashInfer's first profiling failure: {failures[0]}" if failures else ""
+            return (f"tuned for {which} in {took:.1f} s, but FlashInfer's tuning file {path} holds no {OP} entry "
+                    f"({winners_held()}{why}): the next process tunes again")
+        return f"tuned for {which} in {took:.1f} s; {saved} entries saved to {path}"
     source = f"loaded from {path}" if existed else "already tuned in this process"
     return f"tuning {source}, nothing re-tuned ({took:.1f} s)"

@@ -102,6 +102,11 @@ def test_options_validation(monkeypatch, tmp_path):
         build(ReplayOptions, {"max_windw": 8}, SECTION)
     with pytest.raises(ssu.ConfigError, match="commit_on_last_layer"):
         build(ReplayOptions, {"commit_on_last_layer": "yes"}, SECTION)
+    assert build(ReplayOptions, {"tuning_batches": [256, 64, 64]}, SECTION).tuning_batches == (64, 256)
+    with pytest.raises(ssu.ConfigError, match="tuning_batches: expected a list of integers, got 128"):
+        build(ReplayOptions, {"tuning_batches": 128}, SECTION)
+    with pytest.raises(ssu.ConfigError, match=r"tuning_batches=\[0, 8\] is not valid; give a list of positive"):
+        build(ReplayOptions, {"tuning_batches": [0, 8]}, SECTION)
     monkeypatch.setenv("SSU_REPLAYSSM_TUNING_CACHE", str(tmp_path / "env.json"))
     assert ReplayOptions().tuning_cache_path() == tmp_path / "env.json"
     assert ReplayOptions(tuning_cache=str(tmp_path / "t.json")).tuning_cache_path() == tmp_path / "t.json"

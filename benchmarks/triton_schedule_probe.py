@@ -1,0 +1,112 @@
+"""Sweep the triton kernel's launch schedules on one shape and print time and bandwidth per config.
+
+A development tool (GPU only) for choosing which schedules the warmup's tuner should consider:
+the tile grid (``persistent = 0``), and the persistent grid with pipelined state loads through
+plain loads or a tensor descriptor (TMA). Each config is first checked against the tile grid on
+one slot set (state bit-identical, outputs within bf16 rounding), then timed with CUDA-graph
+replays over rotated slot sets (cold L2), the median.
+
+    python benchmarks/triton_schedule_probe.py --state-dtypes bf16,fp32 --batches 32,128,1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+
+import torch
+
+import ssu
+from ssu.dtypes import to_torch
+from ssu.inputs import step_inputs
+from ssu.timing import graph_time_us
+from ssu_backend_triton.kernel import launch
+
+PEAK_TBS = 4.26
+COLD_BYTES = 512 << 20
+
+
+def configs(quick: bool):
+    """(block_p, num_warps, stages, maxnreg, persistent programs per SM, tma)."""
+    grid = ((4, 1), (8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
+    out = [(bp, w, 0, 0, 0, False) for bp, w in grid]
+    out += [(bp, w, 3, 0, 0, False) for bp, w in ((8, 4), (16, 4))]  # a program per head, pipelined
+    if not quick:
+        out += [(32, 4, 3, 0, 4, True), (64, 4, 3, 0, 2, True), (16, 4, 3, 0, 4, True), (32, 4, 2, 0, 4, False)]
+    return out
+
+
+def run(p: ssu.Problem, config, ssm, slots, inputs, out):
+    bp, warps, stages, reg, per_sm, tma = config
+    return launch(ssm, None, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
+           inputs.dt_bias, inputs.dt_softplus, out, None, pad_slot_id=p.pad_slot_id,
+           heads_per_group=p.heads_per_group, speculative=False, versions=1, block_p=bp, num_warps=warps,
+           loop_stages=stages, maxnreg=reg, persistent=per_sm, tma=tma)
+
+
+def report_code(compiled) -> str:
+    """Registers, spills, shared memory and which copy instructions the compiled kernel uses."""
+    try:
+        ptx = compiled.asm.get("ptx", "")
+        return (f"regs {compiled.n_regs} spills {compiled.n_spills} smem {compiled.metadata.shared} "
+                f"tma {'cp.async.bulk.tensor' in ptx} cp.async {'cp.async.cg' in ptx or 'cp.async.ca' in ptx}")
+    except Exception as exc:  # noqa: BLE001
+        return f"({type(exc).__name__})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--state-dtypes", default="bf16,fp32")
+    ap.add_argument("--batches", default="32,128,1024")
+    ap.add_argument("--shape", default="128,64,128,8", help="H,P,N,G")
+    ap.add_argument("--quick", action="store_true", help="fewer configs")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop sweeping after this many seconds")
+    args = ap.parse_args()
+    H, P, N, G = (int(v) for v in args.shape.split(","))
+    t_start = time.time()
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
+          f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T=1", flush=True)
+    print("| state | batch | block_p | warps | stages | maxnreg | per SM | tma | us | TB/s | % of 4.26 | code |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for state_dtype, batch in itertools.product(args.state_dtypes.split(","), (int(b) for b in args.batches.split(","))):
+        p = ssu.Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype="bf16",
+                        num_slots=1, max_batch=batch, device="cuda")
+        per_set = p.state_bytes_per_slot() * batch
+        sets = max(1, min(16, -(-COLD_BYTES // per_set)))
+        ssm = torch.randn(1, sets * batch, 1, H, P, N, device="cuda").to(to_torch(state_dtype))
+        gen = torch.Generator().manual_seed(batch)
+        slot_sets = [torch.arange(i * batch, (i + 1) * batch, dtype=torch.int32, device="cuda") for i in range(sets)]
+        inputs = [step_inputs(p, s, gen) for s in slot_sets]
+        outs = [torch.empty_like(i.x) for i in inputs]
+        traffic = per_set * 2
+        for config in configs(args.quick):
+            if time.time() - t_start > args.budget_s:
+                print(f"# budget of {args.budget_s} s reached", flush=True)
+                return 0
+            try:
+                ref_state, ref_out = ssm.clone(), torch.empty_like(outs[0])
+                run(p, (8, 1, 0, 0, 0, False), ref_state, slot_sets[0], inputs[0], ref_out)
+                check_state, check_out = ssm.clone(), torch.empty_like(outs[0])
+                compiled = run(p, config, check_state, slot_sets[0], inputs[0], check_out)
+                ok = torch.equal(check_state, ref_state) and torch.allclose(check_out.float(), ref_out.float(),
+                                                                           atol=2e-2, rtol=2e-2)
+                del check_state, ref_state
+                launches = [(lambda s=s, i=i, o=o: run(p, config, ssm, s, i, o)) for s, i, o in
+                            zip(slot_sets, inputs, outs)]
+                us = graph_time_us(launches, replays=5, warmup=1, min_launches=max(8, sets))
+            except Exception as exc:  # noqa: BLE001  (a rejected config is reported, not fatal)
+                print(f"| {state_dtype} | {batch} | {' | '.join(map(str, config))} | failed | | | "
+                      f"{type(exc).__name__}: {str(exc)[:160]} |", flush=True)
+                continue
+            tbs = traffic / us / 1e6
+            print(f"| {state_dtype} | {batch} | {' | '.join(map(str, config))} | {us:.1f} | {tbs:.2f} | "
+                  f"{100 * tbs / PEAK_TBS:.0f}% | {report_code(compiled)}{'' if ok else ' MISMATCH'} |", flush=True)
+        del ssm
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
