@@ -1,10 +1,10 @@
 """Sweep the triton kernel's launch schedules on one shape and print time and bandwidth per config.
 
 A development tool (GPU only) for choosing which schedules the warmup's tuner should consider:
-the tile grid (``persistent = 0``), and the persistent grid with pipelined state loads through
-plain loads or a tensor descriptor (TMA). Each config is first checked against the tile grid on
-one slot set (state bit-identical, outputs within bf16 rounding), then timed with CUDA-graph
-replays over rotated slot sets (cold L2), the median.
+tile sizes, warps, register caps and streaming cache hints. Each config is first checked against
+the (8, 1) tile grid on one slot set (state bit-identical, outputs within bf16 rounding), then
+timed with CUDA-graph replays over rotated slot sets (cold L2), the median. The last column gives
+registers, spills and shared memory of the compiled kernel and whether it uses cp.async.
 
     python benchmarks/triton_schedule_probe.py --state-dtypes bf16,fp32 --batches 32,128,1024
 """
@@ -29,21 +29,18 @@ COLD_BYTES = 512 << 20
 
 
 def configs(quick: bool):
-    """(block_p, num_warps, stages, maxnreg, persistent programs per SM, tma)."""
-    grid = ((4, 1), (8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
-    out = [(bp, w, 0, 0, 0, False) for bp, w in grid]
-    out += [(bp, w, 3, 0, 0, False) for bp, w in ((8, 4), (16, 4))]  # a program per head, pipelined
-    if not quick:
-        out += [(32, 4, 3, 0, 4, True), (64, 4, 3, 0, 2, True), (16, 4, 3, 0, 4, True), (32, 4, 2, 0, 4, False)]
-    return out
+    """(block_p, num_warps, loop stages, maxnreg, streaming hints)."""
+    grid = ((8, 1), (16, 1), (16, 2), (32, 4)) if quick else ((4, 1), (8, 1), (8, 2), (16, 1), (16, 2), (32, 2),
+                                                             (32, 4), (64, 4))
+    return [(bp, w, 0, 0, stream) for bp, w in grid for stream in (False, True)]
 
 
 def run(p: ssu.Problem, config, ssm, slots, inputs, out):
-    bp, warps, stages, reg, per_sm, tma = config
+    bp, warps, stages, reg, stream = config
     return launch(ssm, None, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
            inputs.dt_bias, inputs.dt_softplus, out, None, pad_slot_id=p.pad_slot_id,
            heads_per_group=p.heads_per_group, speculative=False, versions=1, block_p=bp, num_warps=warps,
-           loop_stages=stages, maxnreg=reg, persistent=per_sm, tma=tma)
+           loop_stages=stages, maxnreg=reg, stream=stream)
 
 
 def report_code(compiled) -> str:
@@ -51,7 +48,8 @@ def report_code(compiled) -> str:
     try:
         ptx = compiled.asm.get("ptx", "")
         return (f"regs {compiled.n_regs} spills {compiled.n_spills} smem {compiled.metadata.shared} "
-                f"tma {'cp.async.bulk.tensor' in ptx} cp.async {'cp.async.cg' in ptx or 'cp.async.ca' in ptx}")
+                f"cp.async {'cp.async.cg' in ptx or 'cp.async.ca' in ptx} "
+                f"v4 loads {ptx.count('ld.global.v4')}")
     except Exception as exc:  # noqa: BLE001
         return f"({type(exc).__name__})"
 
@@ -68,8 +66,8 @@ def main() -> int:
     t_start = time.time()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T=1", flush=True)
-    print("| state | batch | block_p | warps | stages | maxnreg | per SM | tma | us | TB/s | % of 4.26 | code |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| state | batch | block_p | warps | stages | maxnreg | streaming | us | TB/s | % of 4.26 | code |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for state_dtype, batch in itertools.product(args.state_dtypes.split(","), (int(b) for b in args.batches.split(","))):
         p = ssu.Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype="bf16",
                         num_slots=1, max_batch=batch, device="cuda")
@@ -87,7 +85,7 @@ def main() -> int:
                 return 0
             try:
                 ref_state, ref_out = ssm.clone(), torch.empty_like(outs[0])
-                run(p, (8, 1, 0, 0, 0, False), ref_state, slot_sets[0], inputs[0], ref_out)
+                run(p, (8, 1, 0, 0, False), ref_state, slot_sets[0], inputs[0], ref_out)
                 check_state, check_out = ssm.clone(), torch.empty_like(outs[0])
                 compiled = run(p, config, check_state, slot_sets[0], inputs[0], check_out)
                 ok = torch.equal(check_state, ref_state) and torch.allclose(check_out.float(), ref_out.float(),

@@ -23,15 +23,19 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
           group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
           C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z, softplus,
           T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr, STREAM: tl.constexpr):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens."""
     state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
     tile = offs_p[:, None] * s_p + offs_n[None, :]
-    s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
+    if STREAM:
+        s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0, cache_modifier=".cg",
+                    eviction_policy="evict_first").to(tl.float32)
+    else:
+        s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
     _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_mask, tile, base, cur, row,
             head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
             C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
-            T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+            T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, STREAM)
 
 
 @triton.jit
@@ -48,7 +52,8 @@ def _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, off
             row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
             B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
             T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-            SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+            SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
+            STREAM: tl.constexpr):
     """Apply the step's T tokens to the fp32 state tile ``s`` (rows ``offs_p``): write the outputs
     and each token's state (speculative) or the last one (in place)."""
     mask_p = offs_p < P
@@ -87,7 +92,11 @@ def _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, off
                 dest = (cur + 1 + t) % K
             else:
                 dest = 0
-            tl.store(base + dest * s_ver + tile, stored, mask=state_mask)
+            if STREAM:
+                tl.store(base + dest * s_ver + tile, stored, mask=state_mask, cache_modifier=".cs",
+                         eviction_policy="evict_first")
+            else:
+                tl.store(base + dest * s_ver + tile, stored, mask=state_mask)
 
 
 # ``layer_offset`` must stay specialised: its divisibility by 16 (with the strides') is what lets
@@ -110,6 +119,7 @@ def ssu_kernel(
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     LOOP_STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -144,113 +154,14 @@ def ssu_kernel(
         _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
               head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
               B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
-              softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+              softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, STREAM)
     else:  # one program per head, looping over its rows with software-pipelined loads
         for p0 in tl.range(0, P, BLOCK_P, num_stages=LOOP_STAGES):
             offs_p = p0 + tl.arange(0, BLOCK_P)
             _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur,
                   row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b,
                   B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d,
-                  has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
-
-
-@triton.jit(do_not_specialize=["pad_slot_id", "layer_heads", "batch", "has_d", "has_z", "has_dt_bias", "softplus"])
-def ssu_persistent_kernel(
-    ssm_ptr, ssm_desc, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr,
-    pad_slot_id, layer_offset, layer_heads, batch,
-    s_slot, s_ver, s_head, s_p,
-    x_b, x_t, x_h, x_p,
-    dt_b, dt_t, dt_h,
-    B_b, B_t, B_g, B_n,
-    C_b, C_t, C_g, C_n,
-    z_b, z_t, z_h, z_p,
-    o_b, o_t, o_h, o_p,
-    has_d, has_z, has_dt_bias, softplus,
-    T: tl.constexpr, K: tl.constexpr, H: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
-    P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    STAGES: tl.constexpr, STATE_TMA: tl.constexpr, SPECULATIVE: tl.constexpr,
-):
-    """A fixed grid of programs, each looping over (row, head, row-block) tiles with ``STAGES``-deep
-    software pipelining: the next tiles' state loads are in flight (in shared memory, not
-    registers) while the current one is computed, which a 2-byte state needs to keep enough bytes
-    in flight per SM. ``STATE_TMA`` loads the state through a tensor descriptor (Hopper's bulk
-    copy engine) over the cache seen as (L*S*K*H, P, N); else with cp.async-pipelined loads."""
-    PB: tl.constexpr = (P + BLOCK_P - 1) // BLOCK_P
-    offs_n = tl.arange(0, BLOCK_N)
-    for item in tl.range(tl.program_id(0), batch * H * PB, tl.num_programs(0), num_stages=STAGES):
-        pb = item % PB
-        head = (item // PB) % H
-        row = item // (PB * H)
-        group = head // HEADS_PER_GROUP
-        slot = tl.load(slots_ptr + row).to(tl.int64)
-        valid = slot != pad_slot_id
-        safe_slot = tl.where(valid, slot, 0)
-        state_rows = tl.where(valid, P, 0)
-        if SPECULATIVE:
-            cur = tl.load(cursor_ptr + safe_slot).to(tl.int64)
-        else:
-            cur = 0
-        base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
-        offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-        state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
-        tile = offs_p[:, None] * s_p + offs_n[None, :]
-        if STATE_TMA:
-            index = (layer_heads + (safe_slot * K + cur) * H + head).to(tl.int32)
-            s = ssm_desc.load([index, pb * BLOCK_P, 0]).reshape(BLOCK_P, BLOCK_N).to(tl.float32)
-            s = tl.where(state_mask, s, 0.0)
-        else:
-            s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
-        a = tl.load(A_ptr + head).to(tl.float32)
-        d_skip = 0.0
-        if has_d:
-            d_skip = tl.load(D_ptr + head).to(tl.float32)
-        bias = 0.0
-        if has_dt_bias:
-            bias = tl.load(dt_bias_ptr + head).to(tl.float32)
-        _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_mask, tile, base, cur,
-                row, head, group, a, d_skip, bias, 0, 0, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
-                C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
-                T, K, P, N, EVEN_N, SPECULATIVE, False, 1)
-
-
-_SM_COUNT: dict = {}
-
-
-def sm_count(device) -> int:
-    """Multiprocessors of ``device`` (cached: the launch path asks on every step)."""
-    key = str(device)
-    if key not in _SM_COUNT:
-        import torch
-
-        _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return _SM_COUNT[key]
-
-
-_DESCRIPTORS: dict = {}
-
-
-def state_descriptor(ssm, block_p: int, block_n: int):
-    """The (L*S*K*H, P, N) tensor descriptor of a contiguous state cache, made once per cache and
-    tile shape (the launch only passes it on)."""
-    key = (ssm.data_ptr(), tuple(ssm.shape), ssm.dtype, block_p, block_n)
-    desc = _DESCRIPTORS.get(key)
-    if desc is None:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        L, S, K, H, P, N = ssm.shape
-        desc = TensorDescriptor(ssm, [L * S * K * H, P, N], [P * N, N, 1], [1, block_p, block_n])
-        if len(_DESCRIPTORS) > 64:
-            _DESCRIPTORS.clear()
-        _DESCRIPTORS[key] = desc
-    return desc
-
-
-def tma_usable(ssm) -> bool:
-    """Whether the state cache can be read through a tensor descriptor: contiguous, 16-byte rows
-    and base, and head indices that fit the descriptor's 32-bit coordinates."""
-    L, S, K, H, P, N = ssm.shape
-    return (ssm.is_contiguous() and (N * ssm.element_size()) % 16 == 0 and ssm.data_ptr() % 16 == 0
-            and L * S * K * H < 2**31)
+                  has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, STREAM)
 
 
 def _strides(t, lead: int):
@@ -261,14 +172,13 @@ def _strides(t, lead: int):
 
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           loop_stages: int = 0, maxnreg: int = 0, persistent: int = 0, tma: bool = False,
-           stochastic: bool = False, philox_rounds: int = 10):
+           loop_stages: int = 0, maxnreg: int = 0, stream: bool = False, stochastic: bool = False,
+           philox_rounds: int = 10):
     """Launch one step for one layer (returns Triton's handle of the compiled kernel). ``ssm`` is the whole (L, S, K, H, P, N) cache.
 
-    ``persistent = k`` launches k programs per multiprocessor looping over the tiles with
-    ``loop_stages``-deep pipelining (``tma``: state loads through a tensor descriptor); 0 launches
-    the tile or head grid of :func:`ssu_kernel`. ``maxnreg`` caps the registers per thread (0: the
-    compiler's choice), which sets how many programs, hence how many bytes in flight, fit on an SM."""
+    ``maxnreg`` caps the registers per thread (0: the compiler's choice), which sets how many
+    programs, hence how many bytes in flight, fit on an SM; ``stream`` marks state accesses as
+    streaming (read once past L1, evicted first from L2)."""
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -282,27 +192,6 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
     os_ = _strides(out, lead)
     s = ssm.stride()
-    if persistent and not stochastic:
-        block_n = triton.next_power_of_2(N)
-        use_tma = tma and tma_usable(ssm)
-        items = b * H * triton.cdiv(P, block_p)
-        return ssu_persistent_kernel[(min(items, persistent * sm_count(ssm.device)),)](
-            ssm, state_descriptor(ssm, block_p, block_n) if use_tma else None,
-            cursor if cursor is not None else slots, x, dt, A, B, C, slots,
-            D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
-            pad_slot_id, layer * s[0], layer * ssm.shape[1] * ssm.shape[2] * H, b,
-            s[1], s[2], s[3], s[4],
-            xs[0], xs[1], xs[2], xs[3],
-            dts[0], dts[1], dts[2],
-            Bs[0], Bs[1], Bs[2], Bs[3],
-            Cs[0], Cs[1], Cs[2], Cs[3],
-            zs[0], zs[1], zs[2], zs[3],
-            os_[0], os_[1], os_[2], os_[3],
-            D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
-            T=T, K=versions, H=H, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
-            BLOCK_N=block_n, EVEN_N=block_n == N, STAGES=max(loop_stages, 1), STATE_TMA=use_tma,
-            SPECULATIVE=speculative, num_warps=num_warps, maxnreg=maxnreg or None,
-        )
     grid = (1 if loop_stages else triton.cdiv(P, block_p), H, b)
     return ssu_kernel[grid](
         ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
@@ -319,7 +208,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
         T=T, K=versions, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, LOOP_STAGES=loop_stages,
-        SPECULATIVE=speculative, STOCHASTIC=stochastic,
+        SPECULATIVE=speculative, STOCHASTIC=stochastic, STREAM=stream,
         PHILOX_ROUNDS=philox_rounds, num_warps=num_warps, maxnreg=maxnreg or None,
     )
 
