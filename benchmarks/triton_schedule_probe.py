@@ -1,7 +1,7 @@
 """Sweep the triton kernel's launch schedules on one shape and print time and bandwidth per config.
 
 A development tool (GPU only) for choosing which schedules the warmup's tuner should consider:
-tile sizes, warps, register caps and streaming cache hints. Each config is first checked against
+tile sizes, warps and register caps (``maxnreg``). Each config is first checked against
 the (8, 1) tile grid on one slot set (state bit-identical, outputs within bf16 rounding), then
 timed with CUDA-graph replays over rotated slot sets (cold L2), the median. The last column gives
 registers, spills and shared memory of the compiled kernel and whether it uses cp.async.
@@ -29,18 +29,19 @@ COLD_BYTES = 512 << 20
 
 
 def configs(quick: bool):
-    """(block_p, num_warps, loop stages, maxnreg, streaming hints)."""
+    """(block_p, num_warps, loop stages, maxnreg)."""
     grid = ((8, 1), (16, 1), (16, 2), (32, 4)) if quick else ((4, 1), (8, 1), (8, 2), (16, 1), (16, 2), (32, 2),
                                                              (32, 4), (64, 4))
-    return [(bp, w, 0, 0, stream) for bp, w in grid for stream in (False, True)]
+    out = [(bp, w, 0, 0) for bp, w in grid]
+    return out + ([] if quick else [(8, 4, 3, 0), (16, 4, 3, 0), (16, 1, 0, 96), (32, 2, 0, 96)])
 
 
 def run(p: ssu.Problem, config, ssm, slots, inputs, out):
-    bp, warps, stages, reg, stream = config
+    bp, warps, stages, reg = config
     return launch(ssm, None, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
            inputs.dt_bias, inputs.dt_softplus, out, None, pad_slot_id=p.pad_slot_id,
            heads_per_group=p.heads_per_group, speculative=False, versions=1, block_p=bp, num_warps=warps,
-           loop_stages=stages, maxnreg=reg, stream=stream)
+           loop_stages=stages, maxnreg=reg)
 
 
 def report_code(compiled) -> str:
@@ -66,8 +67,8 @@ def main() -> int:
     t_start = time.time()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T=1", flush=True)
-    print("| state | batch | block_p | warps | stages | maxnreg | streaming | us | TB/s | % of 4.26 | code |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| state | batch | block_p | warps | stages | maxnreg | us | TB/s | % of 4.26 | code |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for state_dtype, batch in itertools.product(args.state_dtypes.split(","), (int(b) for b in args.batches.split(","))):
         p = ssu.Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype="bf16",
                         num_slots=1, max_batch=batch, device="cuda")
@@ -85,7 +86,7 @@ def main() -> int:
                 return 0
             try:
                 ref_state, ref_out = ssm.clone(), torch.empty_like(outs[0])
-                run(p, (8, 1, 0, 0, False), ref_state, slot_sets[0], inputs[0], ref_out)
+                run(p, (8, 1, 0, 0), ref_state, slot_sets[0], inputs[0], ref_out)
                 check_state, check_out = ssm.clone(), torch.empty_like(outs[0])
                 compiled = run(p, config, check_state, slot_sets[0], inputs[0], check_out)
                 ok = torch.equal(check_state, ref_state) and torch.allclose(check_out.float(), ref_out.float(),

@@ -1,6 +1,6 @@
 """The per-kernel launcher: launch parameters per batch, the step callable, scratch runs.
 
-``table[b]`` holds the (BLOCK_P, num_warps, loop stages, streaming hints) used for a batch of ``b`` rows: pinned by options,
+``table[b]`` holds the (BLOCK_P, num_warps, loop stages) used for a batch of ``b`` rows: pinned by options,
 tuned by warmup (or loaded from the tuning cache at open), else the per-shape default.
 """
 
@@ -33,7 +33,7 @@ class Launcher:
             cached = tuning.read_cache(tuning.cache_path(self.options.tuning_cache))
             for bucket in tuning.buckets(p.max_batch):
                 entry = cached.get(self.cache_key(bucket))
-                if entry and len(entry["config"]) == 4:
+                if entry:
                     self.set_bucket(bucket, tuple(entry["config"]))
 
     # launch parameters ---------------------------------------------------------------------------
@@ -41,8 +41,8 @@ class Launcher:
         o = self.options
         if not o.block_p and not o.num_warps:
             return None
-        block_p, warps, _, _ = tuning.default_config(self.problem, self.problem.max_batch)
-        return (o.block_p or block_p, o.num_warps or warps, o.loop_stages, o.streaming)
+        block_p, warps, _ = tuning.default_config(self.problem, self.problem.max_batch)
+        return (o.block_p or block_p, o.num_warps or warps, o.loop_stages)
 
     def set_bucket(self, bucket: int, config) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket]."""
@@ -66,15 +66,15 @@ class Launcher:
         def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
             if out is None:
                 out = torch.empty_like(x)
-            block_p, num_warps, loop_stages, stream = table[x.shape[0]]
+            block_p, num_warps, loop_stages = table[x.shape[0]]
             buffers = state.buffers
             cursor = buffers.get("cursor")
             if is_compiling():
                 op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                   block_p=block_p, num_warps=num_warps, loop_stages=loop_stages, stream=stream, **consts)
+                   block_p=block_p, num_warps=num_warps, loop_stages=loop_stages, **consts)
             else:
                 launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                       block_p=block_p, num_warps=num_warps, loop_stages=loop_stages, stream=stream, **consts)
+                       block_p=block_p, num_warps=num_warps, loop_stages=loop_stages, **consts)
             if seed is not None:
                 seed.add_(1)
             return out
@@ -94,7 +94,6 @@ class Launcher:
                inputs.dt_bias, inputs.dt_softplus, out, self.seed,
                pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
                versions=self.versions, block_p=config[0], num_warps=config[1], loop_stages=config[2],
-               stream=config[3],
                stochastic=self.options.stochastic_rounding, philox_rounds=self.options.philox_rounds)
 
     def compile_all(self) -> None:

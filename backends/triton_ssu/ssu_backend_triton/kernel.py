@@ -23,19 +23,15 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
           group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
           C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z, softplus,
           T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr, STREAM: tl.constexpr):
+          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens."""
     state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
     tile = offs_p[:, None] * s_p + offs_n[None, :]
-    if STREAM:
-        s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0, cache_modifier=".cg",
-                    eviction_policy="evict_first").to(tl.float32)
-    else:
-        s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
+    s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
     _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_mask, tile, base, cur, row,
             head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
             C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
-            T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, STREAM)
+            T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
 
 
 @triton.jit
@@ -52,8 +48,7 @@ def _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, off
             row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
             B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
             T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-            SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
-            STREAM: tl.constexpr):
+            SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
     """Apply the step's T tokens to the fp32 state tile ``s`` (rows ``offs_p``): write the outputs
     and each token's state (speculative) or the last one (in place)."""
     mask_p = offs_p < P
@@ -92,11 +87,7 @@ def _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, off
                 dest = (cur + 1 + t) % K
             else:
                 dest = 0
-            if STREAM:
-                tl.store(base + dest * s_ver + tile, stored, mask=state_mask, cache_modifier=".cs",
-                         eviction_policy="evict_first")
-            else:
-                tl.store(base + dest * s_ver + tile, stored, mask=state_mask)
+            tl.store(base + dest * s_ver + tile, stored, mask=state_mask)
 
 
 # ``layer_offset`` must stay specialised: its divisibility by 16 (with the strides') is what lets
@@ -119,7 +110,6 @@ def ssu_kernel(
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     LOOP_STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
-    STREAM: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -154,14 +144,14 @@ def ssu_kernel(
         _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
               head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
               B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
-              softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, STREAM)
+              softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
     else:  # one program per head, looping over its rows with software-pipelined loads
         for p0 in tl.range(0, P, BLOCK_P, num_stages=LOOP_STAGES):
             offs_p = p0 + tl.arange(0, BLOCK_P)
             _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur,
                   row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b,
                   B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d,
-                  has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, STREAM)
+                  has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
 
 
 def _strides(t, lead: int):
@@ -172,13 +162,11 @@ def _strides(t, lead: int):
 
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           loop_stages: int = 0, maxnreg: int = 0, stream: bool = False, stochastic: bool = False,
-           philox_rounds: int = 10):
+           loop_stages: int = 0, maxnreg: int = 0, stochastic: bool = False, philox_rounds: int = 10):
     """Launch one step for one layer (returns Triton's handle of the compiled kernel). ``ssm`` is the whole (L, S, K, H, P, N) cache.
 
     ``maxnreg`` caps the registers per thread (0: the compiler's choice), which sets how many
-    programs, hence how many bytes in flight, fit on an SM; ``stream`` marks state accesses as
-    streaming (read once past L1, evicted first from L2)."""
+    programs, hence how many bytes in flight, fit on an SM."""
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -208,7 +196,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
         T=T, K=versions, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, LOOP_STAGES=loop_stages,
-        SPECULATIVE=speculative, STOCHASTIC=stochastic, STREAM=stream,
+        SPECULATIVE=speculative, STOCHASTIC=stochastic,
         PHILOX_ROUNDS=philox_rounds, num_warps=num_warps, maxnreg=maxnreg or None,
     )
 

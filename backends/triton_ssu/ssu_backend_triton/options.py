@@ -16,8 +16,7 @@ NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)
 class TritonOptions:
     """``block_p`` / ``num_warps`` pin the launch parameters (0: tuned by warmup, else a default
     per shape); with them ``loop_stages`` pins the kernel shape (0: a program per tile; 2-4: a
-    program per head looping over pipelined tiles) and ``streaming`` the cache hints of state
-    accesses (read past L1, evicted first). ``tuning_cache`` is the JSON file of tuned parameters (default
+    program per head looping over pipelined tiles). ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
     Philox rounds (off by default; fp16 state only)."""
@@ -25,7 +24,6 @@ class TritonOptions:
     block_p: int = attrs.field(default=0, validator=choice(0, *BLOCK_P_CHOICES))
     num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 4))
-    streaming: bool = False
     tuning_cache: Optional[str] = None
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))

@@ -134,7 +134,7 @@ def ssu_warmup(ctx, state, step):
         config, us = best
         launcher.set_bucket(bucket, config)
         fresh[key] = {"config": list(config), "us": round(us, 2)}
-        _log(f"batch {bucket:5d}: tuned (BLOCK_P, num_warps, loop stages, streaming) = {config}, {us:.1f} us "
+        _log(f"batch {bucket:5d}: tuned (BLOCK_P, num_warps, loop stages) = {config}, {us:.1f} us "
              f"({len(configs)} candidates, {time.perf_counter() - t0:.1f} s)")
     tuning.write_cache(path, fresh)
     launcher.compile_all()

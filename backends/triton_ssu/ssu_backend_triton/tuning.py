@@ -39,8 +39,8 @@ def buckets(max_batch: int) -> list[int]:
         b *= 2
 
 
-def default_config(problem, batch: int) -> tuple[int, int, int, bool]:
-    """A sound (BLOCK_P, num_warps, loop stages, streaming hints) without tuning: one single-warp
+def default_config(problem, batch: int) -> tuple[int, int, int]:
+    """A sound (BLOCK_P, num_warps, loop stages) without tuning: one single-warp
     program per tile of about 1024 values (the fastest shape measured on an H200 for both state
     dtypes), smaller when the batch is too small to fill the GPU."""
     block_n = next_pow2(problem.dstate)
@@ -48,13 +48,12 @@ def default_config(problem, batch: int) -> tuple[int, int, int, bool]:
     programs = lambda bp: batch * problem.nheads * -(-problem.headdim // bp)  # noqa: E731
     while block_p > 2 and programs(block_p) < 4 * 132:
         block_p //= 2
-    return block_p, 1, 0, False
+    return block_p, 1, 0
 
 
-def candidates(problem) -> list[tuple[int, int, int, bool]]:
-    """(BLOCK_P, num_warps, loop stages, streaming hints) worth timing for this shape: one program
-    per tile, with and without streaming cache hints, and one program per head looping over 2- or
-    3-stage pipelined tiles."""
+def candidates(problem) -> list[tuple[int, int, int]]:
+    """(BLOCK_P, num_warps, loop stages) worth timing for this shape: one program per tile, and
+    one program per head looping over 2- or 3-stage pipelined tiles."""
     block_n = next_pow2(problem.dstate)
     top = next_pow2(problem.headdim)
     out = []
@@ -64,9 +63,9 @@ def candidates(problem) -> list[tuple[int, int, int, bool]]:
         for warps in (1, 2, 4, 8):
             per_thread = block_p * block_n // (32 * warps)
             if 8 <= per_thread <= 64 or (block_p * block_n < 2048 and per_thread >= 4):
-                out += [(block_p, warps, 0, False), (block_p, warps, 0, True)]
+                out.append((block_p, warps, 0))
             if 8 <= per_thread <= 32 and block_p < problem.headdim and warps >= 4:
-                out += [(block_p, warps, 2, False), (block_p, warps, 3, False)]
+                out += [(block_p, warps, 2), (block_p, warps, 3)]
     return out or [default_config(problem, 1)]
 
 

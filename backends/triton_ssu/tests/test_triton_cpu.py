@@ -79,9 +79,8 @@ def test_options_and_refusals():
         ssu.open(ssu.Config(backend="triton"), problem(dstate=1024))
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_pinned_launch_parameters(streaming, gen):
-    compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1, "streaming": streaming})
+def test_pinned_launch_parameters(gen):
+    compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1})
 
 
 @pytest.mark.parametrize("headdim", [8, 10])
@@ -113,9 +112,9 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
     assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert tuning.buckets(1) == [1]
-    block_p, warps, stages, streaming = tuning.default_config(p, 64)
-    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, stages, streaming) == (1, 0, False)
-    assert {c[2] for c in tuning.candidates(p)} == {0, 2, 3} and {c[3] for c in tuning.candidates(p)} == {False, True}
+    block_p, warps, stages = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, stages) == (1, 0)
+    assert {c[2] for c in tuning.candidates(p)} == {0, 2, 3}
     path = tmp_path / "cache.json"
     tuning.write_cache(path, {"a": {"config": [8, 4]}})
     tuning.write_cache(path, {"b": {"config": [16, 4]}})
