@@ -5,6 +5,14 @@
 set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
+# Optional extras in .device/ (see docs/benchmarks.md, "Device notes"): FlashInfer modules built by
+# an earlier machine (loaded as FlashInfer AOT modules: no 300 s rebuild), and the nv_internal
+# sources FlashInfer's autotuner needs for its delay kernel (the bundle lacks them).
+fi_data=$(python3 -c 'import flashinfer, os; print(os.path.join(os.path.dirname(flashinfer.__file__), "data"))')
+if [[ -f .device/fi-aot.tar.xz ]]; then mkdir -p "$fi_data/aot" && tar -C "$fi_data/aot" -xJf .device/fi-aot.tar.xz; fi
+if [[ -f .device/nv_internal.tar.xz ]]; then
+  mkdir -p "$fi_data/csrc/nv_internal" && tar -C "$fi_data/csrc/nv_internal" -xJf .device/nv_internal.tar.xz
+fi
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true

@@ -105,7 +105,9 @@ def main() -> None:
     parser.add_argument("--options", default="{}", help='JSON: {"backend": {option: value}}')
     parser.add_argument("--out", help="also write the table (markdown) and raw rows (JSON) here")
     args = parser.parse_args()
-    options = {"flashinfer-replayssm": {"autotune": False}}
+    # ReplaySSM: FlashInfer's one-kernel path, measured faster than its built-in choice on the H200
+    # (docs/benchmarks.md); autotuning at every benchmarked batch would take minutes per row
+    options = {"flashinfer-replayssm": {"autotune": False, "algorithm": "monolith"}}
     options.update(json.loads(args.options))
     backends = args.backends.split(",")
     rows = []

@@ -182,19 +182,20 @@ def tune(ctx) -> str:
             call()
         synchronize(ctx.problem)
     took = time.perf_counter() - t0
-    tuned = stats.tuned_op_successful_configs.get(OP) != before
-    ctx.memo["tuned"] = tuned
-    if tuned:
-        if not path.is_file():
-            # FlashInfer 0.7.4 saves on leaving the context only when its "dirty" flag is set, and
-            # once on an H200 it was not after tuning this op: save explicitly.
+    profiled = stats.tuned_op_successful_configs.get(OP) != before
+    ctx.memo["tuned"] = profiled
+    which = f"batches {list(batches)}" if batches else f"batches up to {ctx.problem.max_batch}"
+    if failures and not profiled:
+        return (f"FlashInfer could not profile any {OP} tactic for {which} (first failure: {failures[0]}); "
+                "steps use FlashInfer's built-in kernel choice, and the next process tries again")
+    if profiled:
+        if not path.is_file():  # a safeguard: FlashInfer saves on leaving the context when it profiled
             AutoTuner.get().save_configs(str(path))
         saved = saved_entries(path)
-        which = f"batches {batches}" if batches else f"batches up to {ctx.problem.max_batch}"
         if not saved:
-            why = f"; FlashInfer's first profiling failure: {failures[0]}" if failures else ""
             return (f"tuned for {which} in {took:.1f} s, but FlashInfer's tuning file {path} holds no {OP} entry "
-                    f"({winners_held()}{why}): the next process tunes again")
-        return f"tuned for {which} in {took:.1f} s; {saved} entries saved to {path}"
+                    f"({winners_held()}): the next process tunes again")
+        failed = f"; {len(failures)} tactic(s) failed to profile, first: {failures[0]}" if failures else ""
+        return f"tuned for {which} in {took:.1f} s; {saved} entries saved to {path}{failed}"
     source = f"loaded from {path}" if existed else "already tuned in this process"
     return f"tuning {source}, nothing re-tuned ({took:.1f} s)"

@@ -5,6 +5,7 @@ refusals, our call against the installed FlashInfer's real signature, and the wh
 from __future__ import annotations
 
 import inspect
+import logging
 
 import pytest
 import torch
@@ -317,3 +318,20 @@ def test_warmup_on_the_emulated_kernel_builds_and_leaves_the_state(emulated, gen
     assert all(torch.equal(buf, before[name]) for name, buf in state.buffers.items())
     err = capsys.readouterr().err
     assert "loading or compiling" in err and "ready" in err and "no tuning on cpu" in err
+
+
+def test_tactic_failures_are_captured_without_printing_flashinfer_debug_lines(capsys):
+    """FlashInfer logs why a tactic failed to profile at debug level only; warmup collects those
+    reasons (to quote the first) while its own handlers keep their level."""
+    from flashinfer.jit.core import logger
+
+    from ssu_backend_flashinfer_replayssm.warmup import tactic_failures
+
+    level = logger.level
+    logger.debug("cached as disabled")  # the logger caches its level answers
+    with tactic_failures() as failures:
+        logger.debug("[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: Ninja build failed")
+        logger.debug("[Autotuner]: another debug line")
+    assert failures == ["[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: Ninja build failed"]
+    assert "another debug line" not in capsys.readouterr().err
+    assert logger.level == level and logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)
