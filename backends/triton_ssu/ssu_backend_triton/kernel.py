@@ -25,34 +25,15 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
           T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
           SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens."""
-    state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
-    tile = offs_p[:, None] * s_p + offs_n[None, :]
-    s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
-    _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_mask, tile, base, cur, row,
-            head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
-            C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
-            T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
-
-
-@triton.jit
-def _state_mask(offs_p, offs_n, state_rows, N: tl.constexpr, EVEN_N: tl.constexpr):
-    """Which elements of a state tile exist: none for a pad row (it reads zeros, writes nothing)."""
-    if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
-        return (offs_p < state_rows)[:, None]
-    else:
-        return (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
-
-
-@triton.jit
-def _tokens(s, ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_mask, tile, base, cur,
-            row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
-            B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, has_d, has_z, softplus,
-            T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-            SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
-    """Apply the step's T tokens to the fp32 state tile ``s`` (rows ``offs_p``): write the outputs
-    and each token's state (speculative) or the last one (in place)."""
     mask_p = offs_p < P
     mask_n = offs_n < N
+    # a pad row's state tile is fully masked: it reads zeros and writes nothing
+    if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
+        state_mask = (offs_p < state_rows)[:, None]
+    else:
+        state_mask = (offs_p < state_rows)[:, None] & mask_n[None, :]
+    tile = offs_p[:, None] * s_p + offs_n[None, :]
+    s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
     for t in tl.static_range(T):
         d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
         if softplus:
@@ -163,9 +144,9 @@ def _strides(t, lead: int):
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
            loop_stages: int = 0, maxnreg: int = 0, stochastic: bool = False, philox_rounds: int = 10):
-    """Launch one step for one layer (returns Triton's handle of the compiled kernel). ``ssm`` is the whole (L, S, K, H, P, N) cache.
-
-    ``maxnreg`` caps the registers per thread (0: the compiler's choice), which sets how many
+    """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. Returns
+    Triton's handle of the compiled kernel (its PTX and register count are what tests and the
+    schedule probe inspect). ``maxnreg`` caps the registers per thread (0: the compiler's choice), which sets how many
     programs, hence how many bytes in flight, fit on an SM."""
     b = x.shape[0]
     multi = x.dim() == 4
