@@ -196,6 +196,7 @@ def tune(ctx) -> str:
             return (f"tuned for {which} in {took:.1f} s, but FlashInfer's tuning file {path} holds no {OP} entry "
                     f"({winners_held()}): the next process tunes again")
         failed = f"; {len(failures)} tactic(s) failed to profile, first: {failures[0]}" if failures else ""
-        return f"tuned for {which} in {took:.1f} s; {saved} entries saved to {path}{failed}"
+        entries = "entry" if saved == 1 else "entries"
+        return f"tuned for {which} in {took:.1f} s; {saved} {entries} saved to {path}{failed}"
     source = f"loaded from {path}" if existed else "already tuned in this process"
     return f"tuning {source}, nothing re-tuned ({took:.1f} s)"

@@ -335,3 +335,52 @@ def test_tactic_failures_are_captured_without_printing_flashinfer_debug_lines(ca
     assert failures == ["[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: Ninja build failed"]
     assert "another debug line" not in capsys.readouterr().err
     assert logger.level == level and logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)
+
+
+@pytest.mark.parametrize("profiles", [False, True])
+def test_tune_passes_the_tuning_batches_and_explains_its_outcome(monkeypatch, tmp_path, profiles):
+    """``tune`` on a stand-in for FlashInfer's autotuner: the batches it profiles are
+    ``tuning_batches`` up to ``max_batch``; a run in which every tactic fails says why (FlashInfer's
+    first failure), one that profiles reports what it saved."""
+    import contextlib
+    import json
+    import types
+
+    import flashinfer
+    from flashinfer.autotuner import AutoTuner
+    from flashinfer.jit.core import logger
+
+    from ssu_backend_flashinfer_replayssm import warmup
+
+    cache = tmp_path / "tuning.json"
+    seen = {}
+    stats = AutoTuner.get().stats
+
+    def fake_call(ctx, batch, index_dtype, algorithm):
+        seen["batch"] = batch
+
+        def call():
+            if profiles:
+                stats.tuned_op_successful_configs[warmup.OP] = stats.tuned_op_successful_configs.get(warmup.OP, 0) + 1
+                cache.write_text(json.dumps({f"('{warmup.OP}', 'R', ((8,),), ())": ["R", [0, 0, 0, 1]]}))
+            else:
+                logger.debug("[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: boom")
+        return call
+
+    @contextlib.contextmanager
+    def fake_autotune(tune_mode, cache=None, tuning_buckets=None):
+        seen["buckets"] = tuning_buckets
+        yield
+
+    monkeypatch.setattr(warmup, "private_call", fake_call)
+    monkeypatch.setattr(warmup, "synchronize", lambda p: None)
+    monkeypatch.setattr(flashinfer, "autotune", fake_autotune)
+    ctx = types.SimpleNamespace(problem=types.SimpleNamespace(device_type="cuda", max_batch=16),
+                                options=ReplayOptions(tuning_batches=[8, 64], tuning_cache=str(cache)), memo={})
+    line = warmup.tune(ctx)
+    assert seen == {"batch": 8, "buckets": (8,)}
+    if profiles:
+        assert ctx.memo["tuned"] is True and f"1 entry saved to {cache}" in line
+    else:
+        assert ctx.memo["tuned"] is False and "could not profile any checkpointing_ssu tactic for batches [8]" in line
+        assert "failure while profiling: boom" in line
