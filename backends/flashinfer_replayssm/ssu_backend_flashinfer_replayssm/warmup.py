@@ -141,18 +141,6 @@ def tactic_failures(keep: int = 3):
             h.setLevel(old)
 
 
-def winners_held() -> str:
-    """Where FlashInfer's autotuner keeps this process's results (a diagnostic for a tuning file
-    left without entries: only the plain cache is saved to the file)."""
-    from flashinfer.autotuner import AutoTuner
-
-    tuner = AutoTuner.get()
-    plain = sum(OP in str(key) for key in getattr(tuner, "profiling_cache", {}))
-    partitions = getattr(tuner, "_winner_partitions", {})
-    held = sum(OP in str(key) for part in partitions.values() for key in part)
-    return f"in memory: {plain} in the plain cache, {held} in {len(partitions)} measurement partition(s)"
-
-
 def tune(ctx) -> str:
     """FlashInfer's autotuning for ``algorithm = "auto"``: one maximum-batch call inside
     ``flashinfer.autotune(True, cache=...)``, which loads earlier results from the cache file
@@ -187,14 +175,15 @@ def tune(ctx) -> str:
     which = f"batches {list(batches)}" if batches else f"batches up to {ctx.problem.max_batch}"
     if failures and not profiled:
         return (f"FlashInfer could not profile any {OP} tactic for {which} (first failure: {failures[0]}); "
-                "steps use FlashInfer's built-in kernel choice, and the next process tries again")
+                "steps use FlashInfer's built-in kernel choice, and the next process tries again. If the failure "
+                "names a missing source under flashinfer/data/csrc, reinstall flashinfer-python with its data "
+                "files; or set autotune = false (and algorithm = \"monolith\" on Hopper) to skip tuning")
     if profiled:
-        if not path.is_file():  # a safeguard: FlashInfer saves on leaving the context when it profiled
-            AutoTuner.get().save_configs(str(path))
-        saved = saved_entries(path)
+        saved = saved_entries(path)  # FlashInfer saved on leaving the context (it refuses a foreign file)
         if not saved:
             return (f"tuned for {which} in {took:.1f} s, but FlashInfer's tuning file {path} holds no {OP} entry "
-                    f"({winners_held()}): the next process tunes again")
+                    "(FlashInfer does not save over a file from another environment; it logs a warning): the next "
+                    "process tunes again")
         failed = f"; {len(failures)} tactic(s) failed to profile, first: {failures[0]}" if failures else ""
         entries = "entry" if saved == 1 else "entries"
         return f"tuned for {which} in {took:.1f} s; {saved} {entries} saved to {path}{failed}"

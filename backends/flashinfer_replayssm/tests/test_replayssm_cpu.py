@@ -355,6 +355,7 @@ def test_tune_passes_the_tuning_batches_and_explains_its_outcome(monkeypatch, tm
     cache = tmp_path / "tuning.json"
     seen = {}
     stats = AutoTuner.get().stats
+    monkeypatch.setattr(stats, "tuned_op_successful_configs", dict(stats.tuned_op_successful_configs))
 
     def fake_call(ctx, batch, index_dtype, algorithm):
         seen["batch"] = batch
