@@ -1,7 +1,8 @@
 """The per-kernel launcher: launch parameters per batch, the step callable, scratch runs.
 
-``table[b]`` holds the (BLOCK_P, num_warps, loop stages) used for a batch of ``b`` rows: pinned by options,
-tuned by warmup (or loaded from the tuning cache at open), else the per-shape default.
+``table[b]`` holds the :class:`~ssu_backend_triton.tuning.Schedule` used for a batch of ``b`` rows:
+pinned by options, tuned by warmup (or loaded from the tuning cache at open), else the per-shape
+default.
 """
 
 from __future__ import annotations
@@ -32,22 +33,25 @@ class Launcher:
         if on_cuda and self.pinned() is None:  # reuse what an earlier process tuned
             cached = tuning.read_cache(tuning.cache_path(self.options.tuning_cache))
             for bucket in tuning.buckets(p.max_batch):
-                entry = cached.get(self.cache_key(bucket))
-                if entry:
-                    self.set_bucket(bucket, tuple(entry["config"]))
+                schedule = tuning.cached_schedule(cached, self.cache_key(bucket))
+                if schedule is not None:
+                    self.set_bucket(bucket, schedule)
 
     # launch parameters ---------------------------------------------------------------------------
     def pinned(self):
+        """The schedule the options pin, or None (tuned or default per batch)."""
         o = self.options
         if not o.block_p and not o.num_warps:
             return None
-        block_p, warps, _ = tuning.default_config(self.problem, self.problem.max_batch)
-        return (o.block_p or block_p, o.num_warps or warps, o.loop_stages)
+        default = tuning.default_config(self.problem, self.problem.max_batch)
+        block_p = o.block_p or default.block_p
+        tiles = o.tiles_per_program or (-(-self.problem.headdim // block_p) if o.loop_stages else 1)
+        return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0)
 
     def set_bucket(self, bucket: int, config) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket]."""
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
-            self.table[b] = tuple(config)
+            self.table[b] = tuning.Schedule(*config)
 
     def cache_key(self, bucket: int) -> str:
         return tuning.cache_key(self.problem, bucket, self.gpu, self.triton_version, self.options.stochastic_rounding)
@@ -66,15 +70,15 @@ class Launcher:
         def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
             if out is None:
                 out = torch.empty_like(x)
-            block_p, num_warps, loop_stages = table[x.shape[0]]
+            block_p, num_warps, tiles, stages = table[x.shape[0]]
             buffers = state.buffers
             cursor = buffers.get("cursor")
             if is_compiling():
                 op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                   block_p=block_p, num_warps=num_warps, loop_stages=loop_stages, **consts)
+                   block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, **consts)
             else:
                 launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                       block_p=block_p, num_warps=num_warps, loop_stages=loop_stages, **consts)
+                       block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, **consts)
             if seed is not None:
                 seed.add_(1)
             return out
@@ -93,7 +97,8 @@ class Launcher:
         launch(ssm, cursor, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
                inputs.dt_bias, inputs.dt_softplus, out, self.seed,
                pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
-               versions=self.versions, block_p=config[0], num_warps=config[1], loop_stages=config[2],
+               versions=self.versions, block_p=config.block_p, num_warps=config.num_warps, tiles=config.tiles,
+               stages=config.stages,
                stochastic=self.options.stochastic_rounding, philox_rounds=self.options.philox_rounds)
 
     def compile_all(self) -> None:

@@ -1,12 +1,15 @@
 """The Triton SSU kernel (written from SPEC.md) and its launcher.
 
-A program updates ``BLOCK_P x N`` tiles of one head of one sequence: it reads each tile of the
-slot's current state once, applies the step's T tokens in fp32 registers, writes each token's
-state once (to version ``(c + 1 + t) % K`` when speculative, in place otherwise) and writes the
-outputs. Pad rows read a zero state and write none. Two shapes, chosen per batch by tuning:
-``LOOP_STAGES = 0``, one program per tile, grid (P blocks, heads, batch), neighbouring programs on
-neighbouring memory; ``LOOP_STAGES = k``, one program per head looping over its tiles with k-stage
-software-pipelined loads (more bytes in flight per program, per-head work done once).
+A program updates ``TILES`` tiles of ``BLOCK_P x N`` values of one head of one sequence: it reads
+each tile of the slot's current state once, applies the step's T tokens in fp32 registers, writes
+each token's state once (to version ``(c + 1 + t) % K`` when speculative, in place otherwise) and
+writes the outputs. Pad rows read a zero state and write none. Two shapes, chosen per batch by
+tuning: ``TILES = 1``, one program per tile, grid (P blocks, heads, batch), neighbouring programs
+on neighbouring memory; ``TILES > 1``, a program loops over its tiles while Triton's pipeliner
+copies the next ``STAGES - 1`` tiles into shared memory (cp.async): more bytes in flight per
+register, and the per-sequence work (slot, dt, B, C) done once for all of them. The second is what
+brings a bf16 state to the bandwidth limit: with a program per tile, a bf16 tile waits for its
+loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
 Optional inputs (D, z, dt_bias) and softplus are runtime flags, not specialisations, so one
 compiled kernel serves every combination (the branches are uniform per launch).
@@ -19,42 +22,82 @@ import triton.language as tl
 
 
 @triton.jit
-def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row, head,
-          group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
-          C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z, softplus,
-          T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
-    """Update rows ``offs_p`` of one head of one sequence through the step's T tokens."""
+def _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head, group, t, bias, x_b, x_t, x_h, x_p,
+                  dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus,
+                  P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr):
+    """Token ``t``'s inputs for rows ``offs_p`` in fp32: (dt after bias and softplus, x, z, B, C)."""
     mask_p = offs_p < P
-    mask_n = offs_n < N
-    # a pad row's state tile is fully masked: it reads zeros and writes nothing
+    d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
+    if softplus:
+        d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
+    x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+    zv = tl.zeros_like(x)
+    if has_z:
+        zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+    B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
+    C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
+    if EVEN_N:
+        Bv = tl.load(B_ptrs).to(tl.float32)
+        Cv = tl.load(C_ptrs).to(tl.float32)
+    else:
+        Bv = tl.load(B_ptrs, mask=offs_n < N, other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptrs, mask=offs_n < N, other=0.0).to(tl.float32)
+    return d, x, zv, Bv, Cv
+
+
+@triton.jit
+def _row_inputs(x_ptr, z_ptr, offs_p, row, head, x_b, x_h, x_p, z_b, z_h, z_p, has_z, P: tl.constexpr):
+    """Token 0's x and z for rows ``offs_p`` (fp32; z zeros when absent)."""
+    mask_p = offs_p < P
+    x = tl.load(x_ptr + row * x_b + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+    zv = tl.zeros_like(x)
+    if has_z:
+        zv = tl.load(z_ptr + row * z_b + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+    return x, zv
+
+
+@triton.jit
+def _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N: tl.constexpr, EVEN_N: tl.constexpr):
+    """The state tile of rows ``offs_p`` as stored (no conversion: a bf16 tile waits in half the
+    registers). A pad row's tile is fully masked: it reads zeros."""
     if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
         state_mask = (offs_p < state_rows)[:, None]
     else:
-        state_mask = (offs_p < state_rows)[:, None] & mask_n[None, :]
+        state_mask = (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
+    return tl.load(base + cur * s_ver + offs_p[:, None] * s_p + offs_n[None, :], mask=state_mask, other=0.0)
+
+
+@triton.jit
+def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row, head,
+          group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h,
+          B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
+          softplus, T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
+          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
+    loaded state tile ``s_raw`` and token 0's inputs. Each later token's inputs are loaded before
+    the earlier token's stores, so their latency overlaps (the compiler may not move a load past a
+    store to memory it cannot prove distinct)."""
+    mask_p = offs_p < P
+    if EVEN_N:
+        state_mask = (offs_p < state_rows)[:, None]
+    else:
+        state_mask = (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
     tile = offs_p[:, None] * s_p + offs_n[None, :]
-    s = tl.load(base + cur * s_ver + tile, mask=state_mask, other=0.0).to(tl.float32)
+    s = s_raw.to(tl.float32)
+    d, x, zv, Bv, Cv = d0, x0, z0, B0, C0
     for t in tl.static_range(T):
-        d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
-        if softplus:
-            d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
-        decay = tl.exp(a * d)
-        x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
-        B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
-        C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
-        if EVEN_N:
-            Bv = tl.load(B_ptrs).to(tl.float32)
-            Cv = tl.load(C_ptrs).to(tl.float32)
-        else:
-            Bv = tl.load(B_ptrs, mask=mask_n, other=0.0).to(tl.float32)
-            Cv = tl.load(C_ptrs, mask=mask_n, other=0.0).to(tl.float32)
-        s = s * decay + (d * x)[:, None] * Bv[None, :]
+        # an explicit fma: the compiler could otherwise contract either product, so the
+        # state's last bit would depend on the launch shape
+        s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv[None, :])
         y = tl.sum(s * Cv[None, :], axis=1)
         if has_d:
             y += d_skip * x
         if has_z:
-            zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
             y = y * zv * tl.sigmoid(zv)
+        if t + 1 < T:
+            d, x, zv, Bv, Cv = _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head, group,
+                                             t + 1, bias, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
+                                             C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N)
         tl.store(out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
         if SPECULATIVE or t == T - 1:
             if STOCHASTIC:
@@ -90,7 +133,8 @@ def ssu_kernel(
     has_d, has_z, has_dt_bias, softplus,
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
+    TILES: tl.constexpr, STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -119,20 +163,29 @@ def ssu_kernel(
     if STOCHASTIC:
         seed = tl.load(seed_ptr)
     offs_n = tl.arange(0, BLOCK_N)
+    first = pid_p * (BLOCK_P * TILES)
+    rows = tl.arange(0, BLOCK_P)
+    # token 0's inputs for the first tile (dt, B and C serve every tile of the program)
+    d0, x0, z0, B0, C0 = _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, first + rows, offs_n, row, head, group, 0,
+                                       bias, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g,
+                                       C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N)
 
-    if LOOP_STAGES == 0:  # one program per BLOCK_P rows
-        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-        _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
-              head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g,
-              B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
-              softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
-    else:  # one program per head, looping over its rows with software-pipelined loads
-        for p0 in tl.range(0, P, BLOCK_P, num_stages=LOOP_STAGES):
-            offs_p = p0 + tl.arange(0, BLOCK_P)
-            _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur,
-                  row, head, group, a, d_skip, bias, element, seed, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b,
-                  B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d,
-                  has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+    if TILES == 1:  # one program per tile
+        x_i, z_i = x0, z0
+        s_raw = _load_tile(base, cur, s_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N)
+        _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, first + rows, offs_n, state_rows, base, cur, row,
+              head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
+              dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p,
+              has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+    else:  # TILES tiles in a loop whose state loads Triton pipelines STAGES deep through shared memory
+        for i in tl.range(0, TILES, num_stages=STAGES):
+            offs_p = first + i * BLOCK_P + rows
+            x_i, z_i = _row_inputs(x_ptr, z_ptr, offs_p, row, head, x_b, x_h, x_p, z_b, z_h, z_p, has_z, P)
+            s_raw = _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
+            _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
+                  head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
+                  dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver,
+                  s_p, has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
 
 
 def _strides(t, lead: int):
@@ -143,7 +196,7 @@ def _strides(t, lead: int):
 
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           loop_stages: int = 0, maxnreg: int = 0, stochastic: bool = False, philox_rounds: int = 10):
+           tiles: int = 1, stages: int = 0, maxnreg: int = 0, stochastic: bool = False, philox_rounds: int = 10):
     """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. Returns
     Triton's handle of the compiled kernel (its PTX and register count are what tests and the
     schedule probe inspect). ``maxnreg`` caps the registers per thread (0: the compiler's choice), which sets how many
@@ -161,7 +214,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
     os_ = _strides(out, lead)
     s = ssm.stride()
-    grid = (1 if loop_stages else triton.cdiv(P, block_p), H, b)
+    grid = (triton.cdiv(P, block_p * tiles), H, b)
     return ssu_kernel[grid](
         ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
@@ -176,7 +229,8 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         os_[0], os_[1], os_[2], os_[3],
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
         T=T, K=versions, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, LOOP_STAGES=loop_stages,
+        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, TILES=tiles,
+        STAGES=stages,
         SPECULATIVE=speculative, STOCHASTIC=stochastic,
         PHILOX_ROUNDS=philox_rounds, num_warps=num_warps, maxnreg=maxnreg or None,
     )

@@ -14,16 +14,18 @@ NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)
 
 @attrs.frozen
 class TritonOptions:
-    """``block_p`` / ``num_warps`` pin the launch parameters (0: tuned by warmup, else a default
-    per shape); with them ``loop_stages`` pins the kernel shape (0: a program per tile; 2-4: a
-    program per head looping over pipelined tiles). ``tuning_cache`` is the JSON file of tuned parameters (default
+    """``block_p`` / ``num_warps`` pin the launch schedule (0: tuned by warmup, else a default per
+    shape); with them ``tiles_per_program`` (1: a program per tile of ``block_p`` rows; k: a program
+    loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and ``loop_stages`` (the
+    pipeline depth of that loop, 0 or 2-6). ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
     Philox rounds (off by default; fp16 state only)."""
 
     block_p: int = attrs.field(default=0, validator=choice(0, *BLOCK_P_CHOICES))
     num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
-    loop_stages: int = attrs.field(default=0, validator=in_range(0, 4))
+    tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
+    loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     tuning_cache: Optional[str] = None
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))

@@ -122,9 +122,10 @@ def ssu_warmup(ctx, state, step):
         if pinned is not None:
             launcher.set_bucket(bucket, pinned)
             continue
-        if key in cached:
-            launcher.set_bucket(bucket, tuple(cached[key]["config"]))
-            _log(f"batch {bucket:5d}: tuned config {tuple(cached[key]['config'])} from {path}")
+        schedule = tuning.cached_schedule(cached, key)
+        if schedule is not None:
+            launcher.set_bucket(bucket, schedule)
+            _log(f"batch {bucket:5d}: tuned {schedule} from {path}")
             continue
         t0 = time.perf_counter()
         best = tuning.tune_bucket(p, bucket, launcher.run_scratch, configs, ctx.options.tune_iterations, _log)
@@ -134,7 +135,7 @@ def ssu_warmup(ctx, state, step):
         config, us = best
         launcher.set_bucket(bucket, config)
         fresh[key] = {"config": list(config), "us": round(us, 2)}
-        _log(f"batch {bucket:5d}: tuned (BLOCK_P, num_warps, loop stages) = {config}, {us:.1f} us "
+        _log(f"batch {bucket:5d}: tuned {config}, {us:.1f} us "
              f"({len(configs)} candidates, {time.perf_counter() - t0:.1f} s)")
     tuning.write_cache(path, fresh)
     launcher.compile_all()

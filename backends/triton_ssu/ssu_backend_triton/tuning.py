@@ -1,6 +1,6 @@
 """Launch parameters per problem and batch bucket: defaults, tuning on scratch, a JSON cache.
 
-Tuning times each candidate (BLOCK_P, num_warps) with CUDA-graph replays on *scratch* copies of
+Tuning times each candidate :class:`Schedule` with CUDA-graph replays on *scratch* copies of
 random states, rotating several slot sets so that the L2 stays cold; live state is never touched.
 The winners are stored in a JSON file keyed by GPU name, Triton version, shape, dtypes, tokens and
 batch bucket, so that the next process reuses them without timing anything.
@@ -16,7 +16,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
+
+from ssu.dtypes import ITEMSIZE
 
 ENV_CACHE = "SSU_TRITON_TUNING_CACHE"
 #: scratch memory tuning may use per bucket (bytes)
@@ -39,33 +41,63 @@ def buckets(max_batch: int) -> list[int]:
         b *= 2
 
 
-def default_config(problem, batch: int) -> tuple[int, int, int]:
-    """A sound (BLOCK_P, num_warps, loop stages) without tuning: one single-warp
-    program per tile of about 1024 values (the fastest shape measured on an H200 for both state
-    dtypes), smaller when the batch is too small to fill the GPU."""
+class Schedule(NamedTuple):
+    """How one step is launched: ``block_p`` rows of a head per tile, ``num_warps`` per program,
+    ``tiles`` consecutive tiles per program (1: a program per tile) and the pipeline ``stages``
+    of a program's loop over its tiles (0 with one tile)."""
+
+    block_p: int
+    num_warps: int
+    tiles: int = 1
+    stages: int = 0
+
+
+#: programs below which a launch leaves the GPU's SMs idle (an H200 has 132)
+MIN_PROGRAMS = 4 * 132
+
+
+def _divisors_descending(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def default_config(problem, batch: int) -> Schedule:
+    """A sound schedule without tuning, the fastest measured on an H200 (docs/benchmarks.md):
+    a single-warp program per tile of about 1024 values; for a 2-byte state and one token, two-warp
+    programs looping over such tiles with 4 pipeline stages, as many tiles per program as leaves
+    enough programs to fill the GPU. Smaller tiles when the batch is too small."""
     block_n = next_pow2(problem.dstate)
     block_p = max(1, min(next_pow2(problem.headdim), 1024 // block_n))
-    programs = lambda bp: batch * problem.nheads * -(-problem.headdim // bp)  # noqa: E731
-    while block_p > 2 and programs(block_p) < 4 * 132:
+    n_tiles = lambda bp: -(-problem.headdim // bp)  # noqa: E731
+    while block_p > 2 and batch * problem.nheads * n_tiles(block_p) < MIN_PROGRAMS:
         block_p //= 2
-    return block_p, 1, 0
+    if ITEMSIZE[problem.state_dtype] <= 2 and problem.tokens_per_step == 1 and block_p * block_n >= 1024:
+        for tiles in _divisors_descending(n_tiles(block_p))[:-1]:
+            if batch * problem.nheads * (n_tiles(block_p) // tiles) >= MIN_PROGRAMS:
+                return Schedule(block_p, 2, tiles, 4)
+    return Schedule(block_p, 1)
 
 
-def candidates(problem) -> list[tuple[int, int, int]]:
-    """(BLOCK_P, num_warps, loop stages) worth timing for this shape: one program per tile, and
-    one program per head looping over 2- or 3-stage pipelined tiles."""
+def candidates(problem) -> list[Schedule]:
+    """Schedules worth timing for this shape: a program per tile (tiles of 256 to 16384 values,
+    1 to 8 warps); with one token, also programs of 1 or 2 warps looping over a whole head's tiles
+    (3 or 4 pipeline stages) or half of them (4 stages), tiles of 1024 or 2048 values at 16 or 32
+    values a thread (the shapes that won on an H200; others were slower, docs/benchmarks.md)."""
     block_n = next_pow2(problem.dstate)
     top = next_pow2(problem.headdim)
     out = []
     for block_p in (1, 2, 4, 8, 16, 32, 64):
         if block_p > top or block_p * block_n > 16384 or block_p * block_n < 256:
             continue
+        n_tiles = -(-problem.headdim // block_p)
         for warps in (1, 2, 4, 8):
             per_thread = block_p * block_n // (32 * warps)
             if 8 <= per_thread <= 64 or (block_p * block_n < 2048 and per_thread >= 4):
-                out.append((block_p, warps, 0))
-            if 8 <= per_thread <= 32 and block_p < problem.headdim and warps >= 4:
-                out += [(block_p, warps, 2), (block_p, warps, 3)]
+                out.append(Schedule(block_p, warps))
+            if (problem.tokens_per_step == 1 and warps <= 2 and per_thread in (16, 32) and n_tiles > 1
+                    and 1024 <= block_p * block_n <= 2048):
+                out += [Schedule(block_p, warps, n_tiles, 3), Schedule(block_p, warps, n_tiles, 4)]
+                if n_tiles % 2 == 0 and n_tiles > 2:
+                    out.append(Schedule(block_p, warps, n_tiles // 2, 4))
     return out or [default_config(problem, 1)]
 
 
@@ -81,7 +113,7 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
     p = problem
-    return (f"{gpu}|triton {triton_version}|kernel v3|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
+    return (f"{gpu}|triton {triton_version}|kernel v4|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
             f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
             f"{' sr' if stochastic else ''}|batch {bucket}")
 
@@ -94,6 +126,16 @@ def read_cache(path: Optional[Path]) -> dict:
     except (OSError, ValueError):
         return {}  # a corrupt cache is re-tuned, never fatal
     return data if isinstance(data, dict) else {}
+
+
+def cached_schedule(cached: dict, key: str) -> Optional[Schedule]:
+    """The schedule stored under ``key``, or None when absent or malformed (then it is re-tuned)."""
+    entry = cached.get(key)
+    config = entry.get("config") if isinstance(entry, dict) else None
+    if isinstance(config, list) and len(config) == len(Schedule._fields) and all(
+            isinstance(v, int) and v >= 0 for v in config):
+        return Schedule(*config)
+    return None
 
 
 def write_cache(path: Optional[Path], entries: dict) -> None:

@@ -3,6 +3,7 @@ interpreter on the CPU in CI; the real GPU when there is one), options, availabi
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -30,15 +31,24 @@ problems = st.builds(
     inp=st.sampled_from(["bf16", "fp16", "fp32"]), T=st.sampled_from([1, 1, 2, 3]), batch=st.integers(1, 4))
 
 
+schedules = st.one_of(st.none(), st.builds(
+    lambda block_p, warps, tiles, stages: {"block_p": block_p, "num_warps": warps, "tiles_per_program": tiles,
+                                           "loop_stages": stages},
+    block_p=st.sampled_from([1, 2, 4, 8]), warps=st.sampled_from([1, 2]), tiles=st.integers(0, 3),
+    stages=st.sampled_from([0, 2, 3])))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=problems, pad=st.integers(0, 1), options=st.booleans(), int64=st.booleans(), seed=st.integers(0, 2**16),
-       data=st.data())
-def test_matches_reference(p, pad, options, int64, seed, data):
+       schedule=schedules, data=st.data())
+def test_matches_reference(p, pad, options, int64, seed, schedule, data):
+    """Drawn shapes, dtypes, options, pad rows, accepted counts and launch schedules (the default
+    per shape, or pinned tiles, warps, tiles per program and pipeline stages)."""
     gen = torch.Generator().manual_seed(seed)
     pad = min(pad, p.max_batch - 1)
     tokens = data.draw(st.integers(1, p.tokens_per_step))
     compare_steps(p, gen, steps=2, pad=pad, options=options, tokens=tokens,
-                  index_dtype=torch.int64 if int64 else torch.int32)
+                  index_dtype=torch.int64 if int64 else torch.int32, kernel_options=schedule)
 
 
 def test_non_power_of_two_shapes_and_layers(gen):
@@ -83,10 +93,13 @@ def test_pinned_launch_parameters(gen):
     compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1})
 
 
-@pytest.mark.parametrize("headdim", [8, 10])
-def test_program_per_head_with_pipelined_loop(headdim, gen):
+@pytest.mark.parametrize("headdim, tiles, stages", [(8, 0, 2), (10, 0, 3), (12, 2, 4), (10, 2, 0)])
+def test_programs_looping_over_pipelined_tiles(headdim, tiles, stages, gen):
+    """Programs looping over several tiles (a whole head with tiles 0; a partial last tile when 4
+    rows do not divide the head; a pipelined or a plain loop)."""
     p = problem(headdim=headdim, tokens_per_step=2, speculative=True)
-    compare_steps(p, gen, steps=2, pad=1, kernel_options={"block_p": 4, "num_warps": 2, "loop_stages": 2})
+    compare_steps(p, gen, steps=2, pad=1, kernel_options={"block_p": 4, "num_warps": 2, "tiles_per_program": tiles,
+                                                          "loop_stages": stages})
 
 
 def test_cpu_needs_the_interpreter(monkeypatch):
@@ -112,13 +125,24 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
     assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert tuning.buckets(1) == [1]
-    block_p, warps, stages = tuning.default_config(p, 64)
-    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, stages) == (1, 0)
-    assert {c[2] for c in tuning.candidates(p)} == {0, 2, 3}
+    block_p, warps, tiles, stages = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, tiles, stages) == (1, 1, 0)
+    bf16 = attrs.evolve(p, state_dtype="bf16")
+    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4)  # a whole head (80 rows) per program
+    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4)  # half a head: enough programs for the GPU
+    assert tuning.default_config(attrs.evolve(bf16, nheads=8, ngroups=1), 1).tiles == 1  # too few programs to loop
+    assert tuning.default_config(attrs.evolve(bf16, tokens_per_step=4, speculative=True), 64).tiles == 1
+    schedules = tuning.candidates(p)
+    assert {s.stages for s in schedules} == {0, 3, 4} and {s.tiles for s in schedules} == {1, 5, 10}
+    assert {s.tiles for s in tuning.candidates(attrs.evolve(p, tokens_per_step=4, speculative=True))} == {1}
+    assert all(s.tiles * s.block_p < p.headdim + s.block_p for s in schedules)
     path = tmp_path / "cache.json"
-    tuning.write_cache(path, {"a": {"config": [8, 4]}})
-    tuning.write_cache(path, {"b": {"config": [16, 4]}})
-    assert set(tuning.read_cache(path)) == {"a", "b"}
+    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0]}})
+    tuning.write_cache(path, {"b": {"config": [16, 4]}, "c": "junk"})
+    cached = tuning.read_cache(path)
+    assert set(cached) == {"a", "b", "c"}
+    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0)
+    assert [tuning.cached_schedule(cached, k) for k in ("b", "c", "d")] == [None, None, None]  # re-tuned
     path.write_text("{not json")
     assert tuning.read_cache(path) == {}
     monkeypatch.setenv("SSU_TRITON_TUNING_CACHE", str(tmp_path / "env.json"))
