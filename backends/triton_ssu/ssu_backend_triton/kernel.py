@@ -26,14 +26,10 @@ def _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head,
                   dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus,
                   P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr):
     """Token ``t``'s inputs for rows ``offs_p`` in fp32: (dt after bias and softplus, x, z, B, C)."""
-    mask_p = offs_p < P
     d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
     if softplus:
         d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
-    x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
-    zv = tl.zeros_like(x)
-    if has_z:
-        zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+    x, zv = _row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P)
     B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
     C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
     if EVEN_N:
@@ -46,25 +42,32 @@ def _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head,
 
 
 @triton.jit
-def _row_inputs(x_ptr, z_ptr, offs_p, row, head, x_b, x_h, x_p, z_b, z_h, z_p, has_z, P: tl.constexpr):
-    """Token 0's x and z for rows ``offs_p`` (fp32; z zeros when absent)."""
+def _row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P: tl.constexpr):
+    """Token ``t``'s x and z for rows ``offs_p`` (fp32; z zeros when absent)."""
     mask_p = offs_p < P
-    x = tl.load(x_ptr + row * x_b + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
     zv = tl.zeros_like(x)
     if has_z:
-        zv = tl.load(z_ptr + row * z_b + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+        zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
     return x, zv
+
+
+@triton.jit
+def _state_mask(offs_p, offs_n, state_rows, N: tl.constexpr, EVEN_N: tl.constexpr):
+    """Which values of a state tile exist: none of a pad row's (``state_rows`` 0), so it reads
+    zeros and writes nothing."""
+    if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
+        return (offs_p < state_rows)[:, None]
+    else:
+        return (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
 
 
 @triton.jit
 def _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N: tl.constexpr, EVEN_N: tl.constexpr):
     """The state tile of rows ``offs_p`` as stored (no conversion: a bf16 tile waits in half the
-    registers). A pad row's tile is fully masked: it reads zeros."""
-    if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
-        state_mask = (offs_p < state_rows)[:, None]
-    else:
-        state_mask = (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
-    return tl.load(base + cur * s_ver + offs_p[:, None] * s_p + offs_n[None, :], mask=state_mask, other=0.0)
+    registers)."""
+    return tl.load(base + cur * s_ver + offs_p[:, None] * s_p + offs_n[None, :],
+                   mask=_state_mask(offs_p, offs_n, state_rows, N, EVEN_N), other=0.0)
 
 
 @triton.jit
@@ -78,10 +81,7 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
     the earlier token's stores, so their latency overlaps (the compiler may not move a load past a
     store to memory it cannot prove distinct)."""
     mask_p = offs_p < P
-    if EVEN_N:
-        state_mask = (offs_p < state_rows)[:, None]
-    else:
-        state_mask = (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
+    state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
     tile = offs_p[:, None] * s_p + offs_n[None, :]
     s = s_raw.to(tl.float32)
     d, x, zv, Bv, Cv = d0, x0, z0, B0, C0
@@ -171,16 +171,16 @@ def ssu_kernel(
                                        C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N)
 
     if TILES == 1:  # one program per tile
-        x_i, z_i = x0, z0
         s_raw = _load_tile(base, cur, s_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N)
         _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, first + rows, offs_n, state_rows, base, cur, row,
-              head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
+              head, group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
               dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p,
               has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
     else:  # TILES tiles in a loop whose state loads Triton pipelines STAGES deep through shared memory
         for i in tl.range(0, TILES, num_stages=STAGES):
             offs_p = first + i * BLOCK_P + rows
-            x_i, z_i = _row_inputs(x_ptr, z_ptr, offs_p, row, head, x_b, x_h, x_p, z_b, z_h, z_p, has_z, P)
+            x_i, z_i = _row_inputs(x_ptr, z_ptr, offs_p, row, head, 0, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z,
+                                   P)
             s_raw = _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
             _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
                   head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
@@ -197,10 +197,12 @@ def _strides(t, lead: int):
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
            tiles: int = 1, stages: int = 0, maxnreg: int = 0, stochastic: bool = False, philox_rounds: int = 10):
-    """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. Returns
-    Triton's handle of the compiled kernel (its PTX and register count are what tests and the
-    schedule probe inspect). ``maxnreg`` caps the registers per thread (0: the compiler's choice), which sets how many
-    programs, hence how many bytes in flight, fit on an SM."""
+    """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. The schedule:
+    ``block_p`` rows per tile, ``num_warps``, ``tiles`` per program and the ``stages`` of its
+    pipelined loop (see the module docstring). Returns Triton's handle of the compiled kernel (its
+    PTX and register count are what tests and the schedule probe inspect). ``maxnreg`` caps the
+    registers per thread (0: the compiler's choice), which sets how many programs, hence how many
+    bytes in flight, fit on an SM."""
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1

@@ -15,9 +15,10 @@ NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)
 @attrs.frozen
 class TritonOptions:
     """``block_p`` / ``num_warps`` pin the launch schedule (0: tuned by warmup, else a default per
-    shape); with them ``tiles_per_program`` (1: a program per tile of ``block_p`` rows; k: a program
-    loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and ``loop_stages`` (the
-    pipeline depth of that loop, 0 or 2-6). ``tuning_cache`` is the JSON file of tuned parameters (default
+    shape); with them ``tiles_per_program`` (1: a program per tile of ``block_p`` rows; k: a
+    program loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and
+    ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined).
+    ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
     Philox rounds (off by default; fp16 state only)."""
