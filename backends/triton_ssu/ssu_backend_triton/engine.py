@@ -46,7 +46,8 @@ class Launcher:
         default = tuning.default_config(self.problem, self.problem.max_batch)
         block_p = o.block_p or default.block_p
         tiles = o.tiles_per_program or (-(-self.problem.headdim // block_p) if o.loop_stages else 1)
-        return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0)
+        return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0,
+                               o.max_registers)
 
     def set_bucket(self, bucket: int, config) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket]."""
@@ -70,15 +71,15 @@ class Launcher:
         def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
             if out is None:
                 out = torch.empty_like(x)
-            block_p, num_warps, tiles, stages = table[x.shape[0]]
+            block_p, num_warps, tiles, stages, maxnreg = table[x.shape[0]]
             buffers = state.buffers
             cursor = buffers.get("cursor")
             if is_compiling():
                 op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                   block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, **consts)
+                   block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg, **consts)
             else:
                 launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                       block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, **consts)
+                       block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg, **consts)
             if seed is not None:
                 seed.add_(1)
             return out
@@ -98,7 +99,7 @@ class Launcher:
                inputs.dt_bias, inputs.dt_softplus, out, self.seed,
                pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
                versions=self.versions, block_p=config.block_p, num_warps=config.num_warps, tiles=config.tiles,
-               stages=config.stages,
+               stages=config.stages, maxnreg=config.maxnreg,
                stochastic=self.options.stochastic_rounding, philox_rounds=self.options.philox_rounds)
 
     def compile_all(self) -> None:

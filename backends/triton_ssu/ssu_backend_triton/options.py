@@ -6,10 +6,17 @@ from typing import Optional
 
 import attrs
 
+from ssu.errors import ConfigError
 from ssu.options import choice, in_range
 
 BLOCK_P_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)
+
+
+def _register_cap(instance, attribute, value) -> None:
+    """0 (no cap) or 32 to 255: below 32 registers a thread the kernel cannot be compiled."""
+    if 0 < value < 32:
+        raise ConfigError(f"{attribute.name}={value} is too few registers; use 0 (the compiler's choice) or 32 to 255")
 
 
 @attrs.frozen
@@ -17,7 +24,8 @@ class TritonOptions:
     """``block_p`` / ``num_warps`` pin the launch schedule (0: tuned by warmup, else a default per
     shape); with them ``tiles_per_program`` (1: a program per tile of ``block_p`` rows; k: a
     program loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and
-    ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined).
+    ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined) and
+    ``max_registers`` (a cap on registers per thread, 0: the compiler's choice).
     ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
@@ -27,6 +35,7 @@ class TritonOptions:
     num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
+    max_registers: int = attrs.field(default=0, validator=[in_range(0, 255), _register_cap])
     tuning_cache: Optional[str] = None
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))

@@ -43,13 +43,15 @@ def buckets(max_batch: int) -> list[int]:
 
 class Schedule(NamedTuple):
     """How one step is launched: ``block_p`` rows of a head per tile, ``num_warps`` per program,
-    ``tiles`` consecutive tiles per program (1: a program per tile) and the pipeline ``stages``
-    of a program's loop over its tiles (0 with one tile)."""
+    ``tiles`` consecutive tiles per program (1: a program per tile), the pipeline ``stages`` of a
+    program's loop over its tiles (0 with one tile) and ``maxnreg``, a cap on registers per
+    thread (0: the compiler's choice; a cap fits more programs on an SM)."""
 
     block_p: int
     num_warps: int
     tiles: int = 1
     stages: int = 0
+    maxnreg: int = 0
 
 
 #: programs below which a launch leaves the GPU's SMs idle (an H200 has 132)
@@ -79,9 +81,10 @@ def default_config(problem, batch: int) -> Schedule:
 
 def candidates(problem) -> list[Schedule]:
     """Schedules worth timing for this shape: a program per tile (tiles of 256 to 16384 values,
-    1 to 8 warps); with one token, also programs of 1 or 2 warps looping over a whole head's tiles
-    (3 or 4 pipeline stages) or half of them (4 stages), tiles of 1024 or 2048 values at 16 or 32
-    values a thread (the shapes that won on an H200; others were slower, docs/benchmarks.md)."""
+    1 to 8 warps), those of 32 or more values a thread also with registers capped at 96 and 128;
+    with one token, programs of 1 or 2 warps looping over a whole head's tiles (3 or 4 pipeline
+    stages) or half of them (4 stages), tiles of 1024 or 2048 values at 16 or 32 values a thread
+    (the shapes that won on an H200; others were slower, docs/benchmarks.md)."""
     block_n = next_pow2(problem.dstate)
     top = next_pow2(problem.headdim)
     out = []
@@ -93,6 +96,8 @@ def candidates(problem) -> list[Schedule]:
             per_thread = block_p * block_n // (32 * warps)
             if 8 <= per_thread <= 64 or (block_p * block_n < 2048 and per_thread >= 4):
                 out.append(Schedule(block_p, warps))
+                if per_thread >= 32:  # left alone the compiler may take more registers than it needs
+                    out += [Schedule(block_p, warps, maxnreg=96), Schedule(block_p, warps, maxnreg=128)]
             if (problem.tokens_per_step == 1 and warps <= 2 and per_thread in (16, 32) and n_tiles > 1
                     and 1024 <= block_p * block_n <= 2048):
                 out += [Schedule(block_p, warps, n_tiles, 3), Schedule(block_p, warps, n_tiles, 4)]
@@ -113,7 +118,7 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
     p = problem
-    return (f"{gpu}|triton {triton_version}|kernel v4|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
+    return (f"{gpu}|triton {triton_version}|kernel v5|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
             f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
             f"{' sr' if stochastic else ''}|batch {bucket}")
 

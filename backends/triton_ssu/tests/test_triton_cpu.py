@@ -87,10 +87,12 @@ def test_options_and_refusals():
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"philox_rounds": 11}}), problem())
     with pytest.raises(ssu.BackendUnavailableError, match="dstate=1024 exceeds 512"):
         ssu.open(ssu.Config(backend="triton"), problem(dstate=1024))
+    with pytest.raises(ssu.ConfigError, match=r"max_registers=16 is too few registers; use 0 .* or 32 to 255"):
+        ssu.open(ssu.Config(backend="triton", backends={"triton": {"max_registers": 16}}), problem())
 
 
 def test_pinned_launch_parameters(gen):
-    compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1})
+    compare_steps(problem(), gen, kernel_options={"block_p": 2, "num_warps": 1, "max_registers": 96})
 
 
 @pytest.mark.parametrize("headdim, tiles, stages", [(8, 0, 2), (10, 0, 3), (12, 2, 4), (10, 2, 0)])
@@ -125,23 +127,25 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
     assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert tuning.buckets(1) == [1]
-    block_p, warps, tiles, stages = tuning.default_config(p, 64)
-    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, tiles, stages) == (1, 1, 0)
+    block_p, warps, tiles, stages, maxnreg = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, tiles, stages, maxnreg) == (1, 1, 0, 0)
     bf16 = attrs.evolve(p, state_dtype="bf16")
-    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4)  # a whole head (80 rows) per program
-    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4)  # half a head: enough programs for the GPU
+    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4, 0)  # a whole head (80 rows) per program
+    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4, 0)  # half a head: enough programs for the GPU
     assert tuning.default_config(attrs.evolve(bf16, nheads=8, ngroups=1), 1).tiles == 1  # too few programs to loop
     assert tuning.default_config(attrs.evolve(bf16, tokens_per_step=4, speculative=True), 64).tiles == 1
     schedules = tuning.candidates(p)
     assert {s.stages for s in schedules} == {0, 3, 4} and {s.tiles for s in schedules} == {1, 5, 10}
     assert {s.tiles for s in tuning.candidates(attrs.evolve(p, tokens_per_step=4, speculative=True))} == {1}
+    assert {s.maxnreg for s in schedules} == {0, 96, 128}
+    assert all(s.block_p * 128 // (32 * s.num_warps) >= 32 for s in schedules if s.maxnreg)
     assert all(s.tiles * s.block_p < p.headdim + s.block_p for s in schedules)
     path = tmp_path / "cache.json"
-    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0]}})
+    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0, 96]}})
     tuning.write_cache(path, {"b": {"config": [16, 4]}, "c": "junk"})
     cached = tuning.read_cache(path)
     assert set(cached) == {"a", "b", "c"}
-    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0)
+    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0, 96)
     assert [tuning.cached_schedule(cached, k) for k in ("b", "c", "d")] == [None, None, None]  # re-tuned
     path.write_text("{not json")
     assert tuning.read_cache(path) == {}
