@@ -26,31 +26,30 @@ from ssu.inputs import step_inputs
 from ssu.slot_state import versions
 from ssu.timing import graph_time_us
 from ssu_backend_triton.kernel import launch
+from ssu_backend_triton.tuning import Schedule
 
 PEAK_TBS = 4.26
 COLD_BYTES = 512 << 20
 
 
-#: (block_p, num_warps, tiles per program, pipeline stages, maxnreg)
-REFERENCE_CONFIG = (8, 1, 1, 0, 0)
+#: one program per 8-row single-warp tile: what every other schedule is checked against
+REFERENCE_CONFIG = Schedule(8, 1)
 
 
-def configs(quick: bool):
+def configs(quick: bool) -> list[Schedule]:
     """The default sweep: one program per tile, and programs looping over pipelined tiles."""
     tile = ((8, 1), (16, 1), (16, 2), (32, 4)) if quick else ((4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 4))
-    out = [(bp, w, 1, 0, 0) for bp, w in tile]
     looped = ((8, 2, 8, 4), (16, 2, 4, 3)) if quick else (
         (8, 1, 8, 4), (8, 2, 8, 3), (8, 2, 8, 4), (8, 2, 8, 5), (8, 2, 4, 3), (8, 2, 4, 4), (16, 2, 4, 3),
         (16, 2, 4, 4), (16, 4, 4, 3), (16, 4, 4, 4), (4, 2, 16, 4), (4, 2, 16, 6), (32, 4, 2, 2))
-    return out + [(bp, w, t, s, 0) for bp, w, t, s in looped]
+    return [Schedule(*c) for c in tile + looped]
 
 
-def run(p: ssu.Problem, config, ssm, cursor, slots, inputs, out):
-    bp, warps, tiles, stages, reg = config
+def run(p: ssu.Problem, config: Schedule, ssm, cursor, slots, inputs, out):
     return launch(ssm, cursor, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
                   inputs.dt_bias, inputs.dt_softplus, out, None, pad_slot_id=p.pad_slot_id,
-                  heads_per_group=p.heads_per_group, speculative=p.speculative, versions=versions(p), block_p=bp,
-                  num_warps=warps, tiles=tiles, stages=stages, maxnreg=reg)
+                  heads_per_group=p.heads_per_group, speculative=p.speculative, versions=versions(p),
+                  **config._asdict())
 
 
 def report_code(compiled) -> str:
@@ -80,7 +79,8 @@ def main() -> int:
           f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T={args.tokens}", flush=True)
     print("| state | batch | block_p | warps | tiles | stages | maxnreg | us | TB/s | % of 4.26 | code |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    sweep = ([tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else configs(args.quick))
+    sweep = ([Schedule(*(int(v) for v in c.split(","))) for c in args.configs] if args.configs
+             else configs(args.quick))
     T = args.tokens
     for state_dtype, batch in itertools.product(args.state_dtypes.split(","), (int(b) for b in args.batches.split(","))):
         p = ssu.Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype="bf16",
@@ -108,8 +108,9 @@ def main() -> int:
                 compiled = run(p, config, check_state, cursor, slot_sets[0], inputs[0], check_out)
                 ok = torch.equal(check_state, ref_state) and torch.allclose(check_out.float(), ref_out.float(),
                                                                            atol=2e-2, rtol=2e-2)
-                diff = (f" (state max diff {(check_state.float() - ref_state.float()).abs().max().item():.3g}, "
-                        f"out {(check_out.float() - ref_out.float()).abs().max().item():.3g})")
+                mismatch = "" if ok else (
+                    f" MISMATCH (state max diff {(check_state.float() - ref_state.float()).abs().max().item():.3g},"
+                    f" out {(check_out.float() - ref_out.float()).abs().max().item():.3g})")
                 del check_state
                 launches = [(lambda s=s, i=i, o=o: run(p, config, ssm, cursor, s, i, o)) for s, i, o in
                             zip(slot_sets, inputs, outs)]
@@ -120,7 +121,7 @@ def main() -> int:
                 continue
             tbs = traffic / us / 1e6
             print(f"| {state_dtype} | {batch} | {' | '.join(map(str, config))} | {us:.1f} | {tbs:.2f} | "
-                  f"{100 * tbs / PEAK_TBS:.0f}% | {report_code(compiled)}{'' if ok else ' MISMATCH' + diff} |", flush=True)
+                  f"{100 * tbs / PEAK_TBS:.0f}% | {report_code(compiled)}{mismatch} |", flush=True)
         del ssm, pristine, ref_state
         torch.cuda.empty_cache()
     return 0

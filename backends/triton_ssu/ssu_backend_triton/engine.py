@@ -49,10 +49,10 @@ class Launcher:
         return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0,
                                o.max_registers)
 
-    def set_bucket(self, bucket: int, config) -> None:
+    def set_bucket(self, bucket: int, config: tuning.Schedule) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket]."""
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
-            self.table[b] = tuning.Schedule(*config)
+            self.table[b] = config
 
     def cache_key(self, bucket: int) -> str:
         return tuning.cache_key(self.problem, bucket, self.gpu, self.triton_version, self.options.stochastic_rounding)
@@ -98,9 +98,8 @@ class Launcher:
         launch(ssm, cursor, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
                inputs.dt_bias, inputs.dt_softplus, out, self.seed,
                pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
-               versions=self.versions, block_p=config.block_p, num_warps=config.num_warps, tiles=config.tiles,
-               stages=config.stages, maxnreg=config.maxnreg,
-               stochastic=self.options.stochastic_rounding, philox_rounds=self.options.philox_rounds)
+               versions=self.versions, **config._asdict(), stochastic=self.options.stochastic_rounding,
+               philox_rounds=self.options.philox_rounds)
 
     def compile_all(self) -> None:
         """Compile every configuration in the table for int32 and int64 slots (on scratch), so that

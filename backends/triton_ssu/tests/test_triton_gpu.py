@@ -114,4 +114,5 @@ def test_state_tiles_move_in_16_byte_vectors(state_dtype, layer, tiles, gen):
     if tiles == 1:
         assert ptx.count("ld.global.v4") >= 2, "state loads are not vectorised"
     else:
-        assert re.search(r"cp\.async\.cg\.shared\.global [^;]*\], (16|0x10)\b", ptx), "no 16-byte cp.async state copies"
+        assert re.search(r"cp\.async\.cg\.shared\.global [^;]*\], (16|0x10)\b", ptx), \
+            "no 16-byte cp.async state copies"
