@@ -69,16 +69,18 @@ def main() -> int:
     ap.add_argument("--batches", default="32,128,1024")
     ap.add_argument("--shape", default="128,64,128,8", help="H,P,N,G")
     ap.add_argument("--quick", action="store_true", help="fewer configs")
-    ap.add_argument("--configs", nargs="*", help="explicit configs: block_p,warps,tiles,stages,maxnreg")
+    ap.add_argument("--configs", nargs="*", help="explicit configs: block_p,warps,tiles,stages,maxnreg,dot,pdl")
     ap.add_argument("--tokens", type=int, default=1, help="T (above 1: speculative, T + 1 state versions)")
+    ap.add_argument("--without", default="", help="inputs to leave out, e.g. z,D (what the per-row work costs)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop sweeping after this many seconds")
     args = ap.parse_args()
     H, P, N, G = (int(v) for v in args.shape.split(","))
     t_start = time.time()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
-          f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T={args.tokens}", flush=True)
-    print("| state | batch | block_p | warps | tiles | stages | maxnreg | us | TB/s | % of 4.26 | code |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T={args.tokens}"
+          f"{', without ' + args.without if args.without else ''}", flush=True)
+    print("| state | batch | block_p | warps | tiles | stages | maxnreg | dot | pdl | us | TB/s | % of 4.26 | code |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     sweep = ([Schedule(*(int(v) for v in c.split(","))) for c in args.configs] if args.configs
              else configs(args.quick))
     T = args.tokens
@@ -93,6 +95,9 @@ def main() -> int:
         gen = torch.Generator().manual_seed(batch)
         slot_sets = [torch.arange(i * batch, (i + 1) * batch, dtype=torch.int32, device="cuda") for i in range(sets)]
         inputs = [step_inputs(p, s, gen) for s in slot_sets]
+        for name in filter(None, args.without.split(",")):
+            for i in inputs:
+                setattr(i, name, None)
         outs = [torch.empty_like(i.x) for i in inputs]
         traffic = per_set * (1 + T)
         # the check: every config against REFERENCE_CONFIG, both from slot set 0's pristine states

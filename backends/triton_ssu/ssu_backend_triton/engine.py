@@ -47,7 +47,7 @@ class Launcher:
         block_p = o.block_p or default.block_p
         tiles = o.tiles_per_program or (-(-self.problem.headdim // block_p) if o.loop_stages else 1)
         return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0,
-                               o.max_registers)
+                               o.max_registers, int(o.programmatic_launch))
 
     def set_bucket(self, bucket: int, config: tuning.Schedule) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket]."""
@@ -71,15 +71,17 @@ class Launcher:
         def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
             if out is None:
                 out = torch.empty_like(x)
-            block_p, num_warps, tiles, stages, maxnreg = table[x.shape[0]]
+            block_p, num_warps, tiles, stages, maxnreg, pdl = table[x.shape[0]]
             buffers = state.buffers
             cursor = buffers.get("cursor")
             if is_compiling():
                 op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                   block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg, **consts)
+                   block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg,
+                   pdl=pdl, **consts)
             else:
                 launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                       block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg, **consts)
+                       block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg,
+                       pdl=pdl, **consts)
             if seed is not None:
                 seed.add_(1)
             return out

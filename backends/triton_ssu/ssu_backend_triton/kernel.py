@@ -134,8 +134,11 @@ def ssu_kernel(
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     TILES: tl.constexpr, STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr,
-    PHILOX_ROUNDS: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.program_id(2)
@@ -196,13 +199,17 @@ def _strides(t, lead: int):
 
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           tiles: int = 1, stages: int = 0, maxnreg: int = 0, stochastic: bool = False, philox_rounds: int = 10):
+           tiles: int = 1, stages: int = 0, maxnreg: int = 0, pdl: int = 0, stochastic: bool = False,
+           philox_rounds: int = 10):
     """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. The schedule:
     ``block_p`` rows per tile, ``num_warps``, ``tiles`` per program and the ``stages`` of its
     pipelined loop (see the module docstring). Returns Triton's handle of the compiled kernel (its
     PTX and register count are what tests and the schedule probe inspect). ``maxnreg`` caps the
     registers per thread (0: the compiler's choice), which sets how many programs, hence how many
-    bytes in flight, fit on an SM."""
+    bytes in flight, fit on an SM. ``pdl`` launches with programmatic dependent launch (CUDA only;
+    ignored in the interpreter): the program lets the next kernel be scheduled at once and waits
+    for the previous kernel to finish before it reads anything, so the launch of one step overlaps
+    the drain of the kernel before it when both take part."""
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -217,6 +224,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     os_ = _strides(out, lead)
     s = ssm.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
+    pdl = bool(pdl) and ssm.device.type == "cuda"
     return ssu_kernel[grid](
         ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
@@ -234,7 +242,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, TILES=tiles,
         STAGES=stages,
         SPECULATIVE=speculative, STOCHASTIC=stochastic,
-        PHILOX_ROUNDS=philox_rounds, num_warps=num_warps, maxnreg=maxnreg or None,
+        PHILOX_ROUNDS=philox_rounds, PDL=pdl, num_warps=num_warps, maxnreg=maxnreg or None, launch_pdl=pdl,
     )
 
 

@@ -24,8 +24,9 @@ class TritonOptions:
     """``block_p`` / ``num_warps`` pin the launch schedule (0: tuned by warmup, else a default per
     shape); with them ``tiles_per_program`` (1: a program per tile of ``block_p`` rows; k: a
     program loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and
-    ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined) and
-    ``max_registers`` (a cap on registers per thread, 0: the compiler's choice).
+    ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined),
+    ``max_registers`` (a cap on registers per thread, 0: the compiler's choice) and
+    ``programmatic_launch`` (programmatic dependent launch; CUDA only).
     ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
@@ -36,6 +37,7 @@ class TritonOptions:
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     max_registers: int = attrs.field(default=0, validator=[in_range(0, 255), _register_cap])
+    programmatic_launch: bool = False
     tuning_cache: Optional[str] = None
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))

@@ -44,14 +44,16 @@ def buckets(max_batch: int) -> list[int]:
 class Schedule(NamedTuple):
     """How one step is launched: ``block_p`` rows of a head per tile, ``num_warps`` per program,
     ``tiles`` consecutive tiles per program (1: a program per tile), the pipeline ``stages`` of a
-    program's loop over its tiles (0 with one tile) and ``maxnreg``, a cap on registers per
-    thread (0: the compiler's choice; a cap fits more programs on an SM)."""
+    program's loop over its tiles (0 with one tile), ``maxnreg``, a cap on registers per thread
+    (0: the compiler's choice; a cap fits more programs on an SM) and ``pdl`` (1: programmatic
+    dependent launch, the step's launch overlapping the drain of the kernel before it)."""
 
     block_p: int
     num_warps: int
     tiles: int = 1
     stages: int = 0
     maxnreg: int = 0
+    pdl: int = 0
 
 
 #: programs below which a launch leaves the GPU's SMs idle (an H200 has 132)
@@ -118,7 +120,7 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
     p = problem
-    return (f"{gpu}|triton {triton_version}|kernel v5|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
+    return (f"{gpu}|triton {triton_version}|kernel v6|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
             f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
             f"{' sr' if stochastic else ''}|batch {bucket}")
 
@@ -157,7 +159,10 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
 
 
 def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable) -> tuple:
-    """Time every config for one batch bucket on scratch; returns (best config, its microseconds).
+    """Time every config for one batch bucket on scratch, then on a GPU the fastest again with
+    programmatic dependent launch (it helps at some batches and not others: docs/benchmarks.md);
+    returns (best config, its microseconds). Back-to-back launches of the same step are timed, so
+    a launch with PDL overlaps the drain of the step before it.
 
     ``run(config, scratch_ssm, slots, inputs, out)`` launches one step on the scratch state.
     """
@@ -180,14 +185,21 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     inputs = [step_inputs(p, s, gen) for s in slot_sets]
     outs = [torch.empty_like(i.x) for i in inputs]
     best = None
-    for config in configs:
+
+    def time_config(config) -> None:
+        nonlocal best
         launches = [(lambda c=config, s=s, i=i, o=o: run(c, scratch, s, i, o))
                     for s, i, o in zip(slot_sets, inputs, outs)]
         try:
             us = graph_time_us(launches, replays=5, warmup=1, min_launches=iterations)
         except Exception as exc:  # a config the compiler rejects is skipped, not fatal
             log(f"  config {config} failed: {type(exc).__name__}: {exc}")
-            continue
+            return
         if best is None or us < best[1]:
             best = (config, us)
+
+    for config in configs:
+        time_config(config)
+    if best is not None and p.device_type == "cuda" and not best[0].pdl:
+        time_config(best[0]._replace(pdl=1))  # the winner again with programmatic dependent launch
     return best

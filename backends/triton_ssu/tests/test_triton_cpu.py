@@ -32,10 +32,10 @@ problems = st.builds(
 
 
 schedules = st.one_of(st.none(), st.builds(
-    lambda block_p, warps, tiles, stages: {"block_p": block_p, "num_warps": warps, "tiles_per_program": tiles,
-                                           "loop_stages": stages},
+    lambda block_p, warps, tiles, stages, pdl: {"block_p": block_p, "num_warps": warps, "tiles_per_program": tiles,
+                                                "loop_stages": stages, "programmatic_launch": pdl},
     block_p=st.sampled_from([1, 2, 4, 8]), warps=st.sampled_from([1, 2]), tiles=st.integers(0, 3),
-    stages=st.sampled_from([0, 2, 3])))
+    stages=st.sampled_from([0, 2, 3]), pdl=st.booleans()))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -127,11 +127,11 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
     assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert tuning.buckets(1) == [1]
-    block_p, warps, tiles, stages, maxnreg = tuning.default_config(p, 64)
-    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, tiles, stages, maxnreg) == (1, 1, 0, 0)
+    block_p, warps, tiles, stages, maxnreg, pdl = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, tiles, stages, maxnreg, pdl) == (1, 1, 0, 0, 0)
     bf16 = attrs.evolve(p, state_dtype="bf16")
-    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4, 0)  # a whole head (80 rows) per program
-    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4, 0)  # half a head: enough programs for the GPU
+    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4, 0, 0)  # a whole head (80 rows) per program
+    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4, 0, 0)  # half a head: enough programs for the GPU
     assert tuning.default_config(attrs.evolve(bf16, nheads=8, ngroups=1), 1).tiles == 1  # too few programs to loop
     assert tuning.default_config(attrs.evolve(bf16, tokens_per_step=4, speculative=True), 64).tiles == 1
     schedules = tuning.candidates(p)
@@ -141,11 +141,11 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     assert all(s.block_p * 128 // (32 * s.num_warps) >= 32 for s in schedules if s.maxnreg)
     assert all(s.tiles * s.block_p < p.headdim + s.block_p for s in schedules)
     path = tmp_path / "cache.json"
-    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0, 96]}})
-    tuning.write_cache(path, {"b": {"config": [16, 4]}, "c": "junk"})
+    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0, 96, 1]}})
+    tuning.write_cache(path, {"b": {"config": [16, 4, 1, 0, 96]}, "c": "junk"})
     cached = tuning.read_cache(path)
     assert set(cached) == {"a", "b", "c"}
-    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0, 96)
+    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0, 96, pdl=1)
     assert [tuning.cached_schedule(cached, k) for k in ("b", "c", "d")] == [None, None, None]  # re-tuned
     path.write_text("{not json")
     assert tuning.read_cache(path) == {}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import attrs
 import pytest
 import torch
 
@@ -116,3 +117,25 @@ def test_state_tiles_move_in_16_byte_vectors(state_dtype, layer, tiles, gen):
     else:
         assert re.search(r"cp\.async\.cg\.shared\.global [^;]*\], (16|0x10)\b", ptx), \
             "no 16-byte cp.async state copies"
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_programmatic_dependent_launch(tokens, gen):
+    """Steps launched with programmatic dependent launch (griddepcontrol in the PTX: each waits for
+    the kernel before it) match the reference, and replay bit for bit in a CUDA graph, where
+    consecutive steps overlap."""
+    from ssu.inputs import step_inputs
+    from ssu_backend_triton.kernel import launch
+
+    p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
+    options = {"block_p": 8, "num_warps": 2, "tiles_per_program": 4 if tokens == 1 else 1,
+               "loop_stages": 4 if tokens == 1 else 0, "programmatic_launch": True}
+    compare_steps(p, gen, steps=3, pad=3, layers=2, kernel_options=options)
+    check_cuda_graph(ssu.open(ssu.Config(backend="triton", backends={"triton": options}), p), gen)
+    ssm = torch.randn(1, 8, 1, p.nheads, p.headdim, p.dstate, device="cuda")
+    slots = torch.arange(8, dtype=torch.int32, device="cuda")
+    i = step_inputs(attrs.evolve(p, tokens_per_step=1, speculative=False), slots, gen)
+    compiled = launch(ssm, None, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True, torch.empty_like(i.x),
+                      None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=False,
+                      versions=1, block_p=8, num_warps=1, pdl=1)
+    assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
