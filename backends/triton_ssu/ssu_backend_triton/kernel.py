@@ -17,6 +17,8 @@ compiled kernel serves every combination (the branches are uniform per launch).
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -191,6 +193,17 @@ def ssu_kernel(
                   s_p, has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
 
 
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device) -> bool:
+    """Programmatic dependent launch needs a CUDA GPU of compute capability 9.0 or newer (and
+    Triton's interpreter has no such thing)."""
+    if device.type != "cuda":
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _strides(t, lead: int):
     """Strides of a (b, [T,] ...) tensor as (b, t, rest...) with a zero token stride if absent."""
     st = t.stride()
@@ -206,10 +219,10 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     pipelined loop (see the module docstring). Returns Triton's handle of the compiled kernel (its
     PTX and register count are what tests and the schedule probe inspect). ``maxnreg`` caps the
     registers per thread (0: the compiler's choice), which sets how many programs, hence how many
-    bytes in flight, fit on an SM. ``pdl`` launches with programmatic dependent launch (CUDA only;
-    ignored in the interpreter): the program lets the next kernel be scheduled at once and waits
-    for the previous kernel to finish before it reads anything, so the launch of one step overlaps
-    the drain of the kernel before it when both take part."""
+    bytes in flight, fit on an SM. ``pdl`` launches with programmatic dependent launch (ignored
+    below compute capability 9.0 and in the interpreter): the program lets the next kernel be
+    scheduled at once and waits for the previous kernel to finish before it reads anything, so
+    the launch of one step overlaps the drain of the kernel before it when both take part."""
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -224,7 +237,7 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     os_ = _strides(out, lead)
     s = ssm.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
-    pdl = bool(pdl) and ssm.device.type == "cuda"
+    pdl = bool(pdl) and _pdl_capable(ssm.device)
     return ssu_kernel[grid](
         ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,

@@ -26,7 +26,7 @@ class TritonOptions:
     program loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and
     ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined),
     ``max_registers`` (a cap on registers per thread, 0: the compiler's choice) and
-    ``programmatic_launch`` (programmatic dependent launch; CUDA only).
+    ``programmatic_launch`` (programmatic dependent launch; ignored below compute capability 9.0).
     ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``

@@ -68,17 +68,19 @@ def default_config(problem, batch: int) -> Schedule:
     """A sound schedule without tuning, the fastest measured on an H200 (docs/benchmarks.md):
     a single-warp program per tile of about 1024 values; for a 2-byte state and one token, two-warp
     programs looping over such tiles with 4 pipeline stages, as many tiles per program as leaves
-    enough programs to fill the GPU. Smaller tiles when the batch is too small."""
+    enough programs to fill the GPU. Smaller tiles when the batch is too small. On a GPU with
+    programmatic dependent launch, which the tuner kept at almost every batch."""
     block_n = next_pow2(problem.dstate)
     block_p = max(1, min(next_pow2(problem.headdim), 1024 // block_n))
     n_tiles = lambda bp: -(-problem.headdim // bp)  # noqa: E731
     while block_p > 2 and batch * problem.nheads * n_tiles(block_p) < MIN_PROGRAMS:
         block_p //= 2
+    pdl = int(problem.device_type == "cuda")
     if ITEMSIZE[problem.state_dtype] <= 2 and problem.tokens_per_step == 1 and block_p * block_n >= 1024:
         for tiles in _divisors_descending(n_tiles(block_p))[:-1]:
             if batch * problem.nheads * (n_tiles(block_p) // tiles) >= MIN_PROGRAMS:
-                return Schedule(block_p, 2, tiles, 4)
-    return Schedule(block_p, 1)
+                return Schedule(block_p, 2, tiles, 4, pdl=pdl)
+    return Schedule(block_p, 1, pdl=pdl)
 
 
 def candidates(problem) -> list[Schedule]:

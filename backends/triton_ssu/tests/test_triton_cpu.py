@@ -134,6 +134,7 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     assert tuning.default_config(bf16, 4) == (8, 2, 5, 4, 0, 0)  # half a head: enough programs for the GPU
     assert tuning.default_config(attrs.evolve(bf16, nheads=8, ngroups=1), 1).tiles == 1  # too few programs to loop
     assert tuning.default_config(attrs.evolve(bf16, tokens_per_step=4, speculative=True), 64).tiles == 1
+    assert tuning.default_config(attrs.evolve(bf16, device="cuda"), 64).pdl == 1  # ignored below sm_90
     schedules = tuning.candidates(p)
     assert {s.stages for s in schedules} == {0, 3, 4} and {s.tiles for s in schedules} == {1, 5, 10}
     assert {s.tiles for s in tuning.candidates(attrs.evolve(p, tokens_per_step=4, speculative=True))} == {1}
