@@ -12,7 +12,9 @@ brings a bf16 state to the bandwidth limit: with a program per tile, a bf16 tile
 loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
 Optional inputs (D, z, dt_bias) and softplus are runtime flags, not specialisations, so one
-compiled kernel serves every combination (the branches are uniform per launch).
+compiled kernel serves every combination (the branches are uniform per launch). With ``PDL`` the
+kernel takes part in programmatic dependent launch: it reads nothing before the previous kernel
+has finished, and lets the next one be scheduled as soon as it starts.
 """
 
 from __future__ import annotations
