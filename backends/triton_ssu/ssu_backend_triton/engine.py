@@ -47,10 +47,13 @@ class Launcher:
         block_p = o.block_p or default.block_p
         tiles = o.tiles_per_program or (-(-self.problem.headdim // block_p) if o.loop_stages else 1)
         return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0,
-                               o.max_registers, int(o.programmatic_launch))
+                               o.max_registers, default.pdl)
 
     def set_bucket(self, bucket: int, config: tuning.Schedule) -> None:
-        """Use ``config`` for every batch size in (bucket / 2, bucket]."""
+        """Use ``config`` for every batch size in (bucket / 2, bucket] (with programmatic dependent
+        launch as the options force it, if they do)."""
+        if self.options.programmatic_launch != "auto":
+            config = config._replace(pdl=int(self.options.programmatic_launch))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional, Union
 
 import attrs
 
@@ -25,8 +25,9 @@ class TritonOptions:
     shape); with them ``tiles_per_program`` (1: a program per tile of ``block_p`` rows; k: a
     program loops over k tiles; 0: 1, or a whole head when ``loop_stages`` is set) and
     ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined),
-    ``max_registers`` (a cap on registers per thread, 0: the compiler's choice) and
-    ``programmatic_launch`` (programmatic dependent launch; ignored below compute capability 9.0).
+    ``max_registers`` (a cap on registers per thread, 0: the compiler's choice).
+    ``programmatic_launch``: programmatic dependent launch, ``"auto"`` (tuned per batch bucket,
+    on by default), ``true`` or ``false`` for every launch (ignored below compute capability 9.0).
     ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
@@ -37,7 +38,7 @@ class TritonOptions:
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     max_registers: int = attrs.field(default=0, validator=[in_range(0, 255), _register_cap])
-    programmatic_launch: bool = False
+    programmatic_launch: Union[bool, Literal["auto"]] = "auto"
     tuning_cache: Optional[str] = None
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))

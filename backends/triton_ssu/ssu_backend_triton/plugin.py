@@ -128,7 +128,8 @@ def ssu_warmup(ctx, state, step):
             _log(f"batch {bucket:5d}: tuned {schedule} from {path}")
             continue
         t0 = time.perf_counter()
-        best = tuning.tune_bucket(p, bucket, launcher.run_scratch, configs, ctx.options.tune_iterations, _log)
+        best = tuning.tune_bucket(p, bucket, launcher.run_scratch, configs, ctx.options.tune_iterations, _log,
+                                  try_pdl=ctx.options.programmatic_launch == "auto")
         if best is None:
             _log(f"batch {bucket:5d}: every candidate failed; keeping the default")
             continue

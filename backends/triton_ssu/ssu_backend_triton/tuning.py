@@ -160,9 +160,10 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
     os.replace(tmp, path)
 
 
-def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable) -> tuple:
-    """Time every config for one batch bucket on scratch, then on a GPU the fastest again with
-    programmatic dependent launch (it helps at some batches and not others: docs/benchmarks.md);
+def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable,
+                try_pdl: bool = True) -> tuple:
+    """Time every config for one batch bucket on scratch, then on a GPU (with ``try_pdl``) the
+    fastest again with programmatic dependent launch (it helps at most batches: docs/benchmarks.md);
     returns (best config, its microseconds). Back-to-back launches of the same step are timed, so
     a launch with PDL overlaps the drain of the step before it.
 
@@ -202,6 +203,6 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
 
     for config in configs:
         time_config(config)
-    if best is not None and p.device_type == "cuda" and not best[0].pdl:
+    if try_pdl and best is not None and p.device_type == "cuda" and not best[0].pdl:
         time_config(best[0]._replace(pdl=1))  # the winner again with programmatic dependent launch
     return best

@@ -33,7 +33,7 @@ problems = st.builds(
 
 schedules = st.one_of(st.none(), st.builds(
     lambda block_p, warps, tiles, stages, pdl: {"block_p": block_p, "num_warps": warps, "tiles_per_program": tiles,
-                                                "loop_stages": stages, "programmatic_launch": pdl},
+                                                "loop_stages": stages, "programmatic_launch": pdl},  # ignored on CPU
     block_p=st.sampled_from([1, 2, 4, 8]), warps=st.sampled_from([1, 2]), tiles=st.integers(0, 3),
     stages=st.sampled_from([0, 2, 3]), pdl=st.booleans()))
 
@@ -89,6 +89,18 @@ def test_options_and_refusals():
         ssu.open(ssu.Config(backend="triton"), problem(dstate=1024))
     with pytest.raises(ssu.ConfigError, match=r"max_registers=16 is too few registers; use 0 .* or 32 to 255"):
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"max_registers": 16}}), problem())
+    with pytest.raises(ssu.ConfigError, match=r"programmatic_launch.*true or false or one of 'auto'"):
+        ssu.open(ssu.Config(backend="triton", backends={"triton": {"programmatic_launch": "yes"}}), problem())
+
+
+@pytest.mark.parametrize("setting, pdl", [("auto", 0), (True, 1), (False, 0)])
+def test_programmatic_launch_option(setting, pdl):
+    """``programmatic_launch`` forces PDL on or off in every schedule, pinned or not; ``auto``
+    leaves it to the defaults and the tuner (off on the CPU, where it is meaningless anyway)."""
+    for pins in ({}, {"block_p": 4, "num_warps": 1}):
+        options = {"programmatic_launch": setting, **pins}
+        kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem())
+        assert {s.pdl for s in kernel._ctx.memo["launcher"].table[1:]} == {pdl}
 
 
 def test_pinned_launch_parameters(gen):
