@@ -93,10 +93,11 @@ def test_options_and_refusals():
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"programmatic_launch": "yes"}}), problem())
 
 
-@pytest.mark.parametrize("setting, pdl", [("auto", 0), (True, 1), (False, 0)])
+@pytest.mark.parametrize("setting, pdl", [("auto", int(DEVICE == "cuda")), (True, 1), (False, 0)])
 def test_programmatic_launch_option(setting, pdl):
     """``programmatic_launch`` forces PDL on or off in every schedule, pinned or not; ``auto``
-    leaves it to the defaults and the tuner (off on the CPU, where it is meaningless anyway)."""
+    leaves it to the defaults and the tuner (on for a GPU, off on the CPU, where it is
+    meaningless anyway)."""
     for pins in ({}, {"block_p": 4, "num_warps": 1}):
         options = {"programmatic_launch": setting, **pins}
         kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem())
