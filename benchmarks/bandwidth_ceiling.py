@@ -65,10 +65,12 @@ def time_variant(variant: str, nbytes: int, copies: int, iterations: int) -> flo
         launches = [(lambda s=s, d=d: copy_kernel[(n // block,)](s, d, n, COPIES=copies, BLOCK=block, PERSISTENT=False,
                                                                   STAGES=0, PDL=pdl, num_warps=4, launch_pdl=pdl))
                     for s, d in zip(srcs, dsts)]
-    else:  # persistent: 4 programs of 4 warps per SM, 3 stages of 4 KB each
+    elif kind == "persistent":  # 4 programs of 4 warps per SM, 3 stages of 4 KB each
         launches = [(lambda s=s, d=d: copy_kernel[(4 * sms,)](s, d, n, COPIES=copies, BLOCK=block, PERSISTENT=True,
                                                                STAGES=3, PDL=pdl, num_warps=4, launch_pdl=pdl))
                     for s, d in zip(srcs, dsts)]
+    else:
+        raise SystemExit(f"unknown variant {variant!r}: use torch, grid or persistent, each optionally +pdl")
     for s, d in zip(srcs, dsts):  # every variant is checked before it is timed
         d.fill_(0)
     launches[0]()
