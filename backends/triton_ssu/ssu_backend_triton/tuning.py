@@ -162,9 +162,9 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
 
 def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable,
                 try_pdl: bool = True) -> tuple:
-    """Time every config for one batch bucket on scratch, then on a GPU (with ``try_pdl``) the
-    fastest again with programmatic dependent launch (it helps at most batches: docs/benchmarks.md);
-    returns (best config, its microseconds). Back-to-back launches of the same step are timed, so
+    """Time every config for one batch bucket on scratch, then on a GPU of compute capability 9.0
+    or newer (with ``try_pdl``) the fastest again with programmatic dependent launch (it helps at
+    most batches: docs/benchmarks.md); returns (best config, its microseconds). Back-to-back launches of the same step are timed, so
     a launch with PDL overlaps the drain of the step before it.
 
     ``run(config, scratch_ssm, slots, inputs, out)`` launches one step on the scratch state.
@@ -175,6 +175,8 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     from ssu.inputs import step_inputs
     from ssu.slot_state import versions
     from ssu.timing import graph_time_us
+
+    from .kernel import _pdl_capable
 
     p = problem
     K = versions(p)
@@ -203,6 +205,7 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
 
     for config in configs:
         time_config(config)
-    if try_pdl and best is not None and p.device_type == "cuda" and not best[0].pdl:
-        time_config(best[0]._replace(pdl=1))  # the winner again with programmatic dependent launch
+    # the winner again with programmatic dependent launch, where launches honour it (sm_90 and newer)
+    if try_pdl and best is not None and not best[0].pdl and _pdl_capable(torch.device(p.device)):
+        time_config(best[0]._replace(pdl=1))
     return best
