@@ -2,13 +2,14 @@
 
 A development tool (GPU only) for choosing which schedules the warmup's tuner should consider:
 tile sizes, warps, tiles per program with their shared-memory pipeline stages, register caps
-(``maxnreg``) and programmatic dependent launch (``pdl``). Each config is first checked against one program per 8-row single-warp tile on one
-slot set (state bit-identical, outputs within bf16 rounding), then
-timed with CUDA-graph replays over rotated slot sets (cold L2), the median. The last column gives
+(``maxnreg``), programmatic dependent launch (``pdl``) and branch-free input loads
+(``branchless``). Each config is first checked against one program per 8-row single-warp tile on
+one slot set (state bit-identical, outputs within bf16 rounding), then timed with CUDA-graph
+replays over rotated slot sets (cold L2), the median. The last column gives
 registers, spills and shared memory of the compiled kernel and whether it uses cp.async.
 
     python benchmarks/triton_schedule_probe.py --state-dtypes bf16,fp32 --batches 32,128,1024
-    python benchmarks/triton_schedule_probe.py --configs 8,1,1,0,0 8,2,8,4,0,1 --tokens 4
+    python benchmarks/triton_schedule_probe.py --configs 8,1,1,0,0 8,1,1,0,96,1,1 --tokens 4
     python benchmarks/triton_schedule_probe.py --configs 8,2,4,4 --without z,D   # what the gate costs
 """
 
@@ -70,7 +71,7 @@ def main() -> int:
     ap.add_argument("--batches", default="32,128,1024")
     ap.add_argument("--shape", default="128,64,128,8", help="H,P,N,G")
     ap.add_argument("--quick", action="store_true", help="fewer configs")
-    ap.add_argument("--configs", nargs="*", help="explicit configs: block_p,warps,tiles,stages,maxnreg,pdl")
+    ap.add_argument("--configs", nargs="*", help="explicit configs: block_p,warps,tiles,stages,maxnreg,pdl,branchless")
     ap.add_argument("--tokens", type=int, default=1, help="T (above 1: speculative, T + 1 state versions)")
     ap.add_argument("--without", default="", help="inputs to leave out, e.g. z,D (what the per-row work costs)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop sweeping after this many seconds")
@@ -80,8 +81,8 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T={args.tokens}"
           f"{', without ' + args.without if args.without else ''}", flush=True)
-    print("| state | batch | block_p | warps | tiles | stages | maxnreg | pdl | us | TB/s | % of 4.26 | code |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| state | batch | block_p | warps | tiles | stages | maxnreg | pdl | branchless | us | TB/s | % of 4.26 | code |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     sweep = ([Schedule(*(int(v) for v in c.split(","))) for c in args.configs] if args.configs
              else configs(args.quick))
     T = args.tokens

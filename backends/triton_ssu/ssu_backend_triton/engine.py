@@ -47,13 +47,15 @@ class Launcher:
         block_p = o.block_p or default.block_p
         tiles = o.tiles_per_program or (-(-self.problem.headdim // block_p) if o.loop_stages else 1)
         return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0,
-                               o.max_registers, default.pdl)
+                               o.max_registers, default.pdl, default.branchless)
 
     def set_bucket(self, bucket: int, config: tuning.Schedule) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket] (with programmatic dependent
-        launch as the options force it, if they do)."""
+        launch and branch-free input loads as the options force them, if they do)."""
         if self.options.programmatic_launch != "auto":
             config = config._replace(pdl=int(self.options.programmatic_launch))
+        if self.options.branchless_inputs != "auto":
+            config = config._replace(branchless=int(self.options.branchless_inputs))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = config
 
@@ -74,17 +76,17 @@ class Launcher:
         def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
             if out is None:
                 out = torch.empty_like(x)
-            block_p, num_warps, tiles, stages, maxnreg, pdl = table[x.shape[0]]
+            block_p, num_warps, tiles, stages, maxnreg, pdl, branchless = table[x.shape[0]]
             buffers = state.buffers
             cursor = buffers.get("cursor")
             if is_compiling():
                 op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
                    block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg,
-                   pdl=pdl, **consts)
+                   pdl=pdl, branchless=branchless, **consts)
             else:
                 launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
                        block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg,
-                       pdl=pdl, **consts)
+                       pdl=pdl, branchless=branchless, **consts)
             if seed is not None:
                 seed.add_(1)
             return out

@@ -12,9 +12,17 @@ brings a bf16 state to the bandwidth limit: with a program per tile, a bf16 tile
 loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
 Optional inputs (D, z, dt_bias) and softplus are runtime flags, not specialisations, so one
-compiled kernel serves every combination (the branches are uniform per launch). With ``PDL`` the
+compiled kernel serves every combination. ``BRANCHLESS`` (a schedule choice) decides how: with
+uniform branches around their loads and softplus, or with predicated loads and a select, so that
+no branch separates a token's loads and the compiler can issue them together (fewer serialised
+memory round trips, more registers live; the tuner keeps whichever is faster). With ``PDL`` the
 kernel takes part in programmatic dependent launch: it reads nothing before the previous kernel
 has finished, and lets the next one be scheduled as soon as it starts.
+
+In the looping shape B and C are loaded straight into the tile's register layout (each lane
+loads the columns it multiplies; the repeats hit L1) instead of once per program and then
+redistributed through shared memory: that redistribution put barriers between the program's
+first loads and its pipelined state copies, so the state reads started a memory round trip late.
 """
 
 from __future__ import annotations
@@ -28,15 +36,25 @@ import triton.language as tl
 @triton.jit
 def _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head, group, t, bias, x_b, x_t, x_h, x_p,
                   dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus,
-                  P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr):
-    """Token ``t``'s inputs for rows ``offs_p`` in fp32: (dt after bias and softplus, x, z, B, C)."""
+                  P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr, BRANCHLESS: tl.constexpr,
+                  B_IN_TILE: tl.constexpr):
+    """Token ``t``'s inputs for rows ``offs_p`` in fp32: (dt after bias and softplus, x, z, B, C),
+    B and C as vectors of N, or with ``B_IN_TILE`` loaded as (rows, N) in the tile's layout."""
     d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
-    if softplus:
-        d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
-    x, zv = _row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P)
+    if BRANCHLESS:
+        d = tl.where(softplus & (d <= 20.0), tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))), d)
+    else:
+        if softplus:
+            d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
+    x, zv = _row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P,
+                        BRANCHLESS)
     B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
     C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
-    if EVEN_N:
+    if B_IN_TILE:
+        tile = 0 * offs_p[:, None]
+        Bv = tl.load(B_ptrs[None, :] + tile, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptrs[None, :] + tile, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
+    elif EVEN_N:
         Bv = tl.load(B_ptrs).to(tl.float32)
         Cv = tl.load(C_ptrs).to(tl.float32)
     else:
@@ -46,13 +64,18 @@ def _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head,
 
 
 @triton.jit
-def _row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P: tl.constexpr):
+def _row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P: tl.constexpr,
+                BRANCHLESS: tl.constexpr):
     """Token ``t``'s x and z for rows ``offs_p`` (fp32; z zeros when absent)."""
     mask_p = offs_p < P
     x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
-    zv = tl.zeros_like(x)
-    if has_z:
-        zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+    z_ptrs = z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p
+    if BRANCHLESS:
+        zv = tl.load(z_ptrs, mask=mask_p & has_z, other=0.0).to(tl.float32)
+    else:
+        zv = tl.zeros_like(x)
+        if has_z:
+            zv = tl.load(z_ptrs, mask=mask_p, other=0.0).to(tl.float32)
     return x, zv
 
 
@@ -79,9 +102,10 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
           group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h,
           B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
           softplus, T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
+          BRANCHLESS: tl.constexpr, B_IN_TILE: tl.constexpr):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
-    loaded state tile ``s_raw`` and token 0's inputs. Each later token's inputs are loaded before
+    loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with ``B_IN_TILE``). Each later token's inputs are loaded before
     the earlier token's stores, so their latency overlaps (the compiler may not move a load past a
     store to memory it cannot prove distinct)."""
     mask_p = offs_p < P
@@ -92,8 +116,12 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
     for t in tl.static_range(T):
         # an explicit fma: the compiler could otherwise contract either product, so the
         # state's last bit would depend on the launch shape
-        s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv[None, :])
-        y = tl.sum(s * Cv[None, :], axis=1)
+        if B_IN_TILE:
+            s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv)
+            y = tl.sum(s * Cv, axis=1)
+        else:
+            s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv[None, :])
+            y = tl.sum(s * Cv[None, :], axis=1)
         if has_d:
             y += d_skip * x
         if has_z:
@@ -101,7 +129,8 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
         if t + 1 < T:
             d, x, zv, Bv, Cv = _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head, group,
                                              t + 1, bias, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n,
-                                             C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N)
+                                             C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N,
+                                             BRANCHLESS, B_IN_TILE)
         tl.store(out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
         if SPECULATIVE or t == T - 1:
             if STOCHASTIC:
@@ -138,7 +167,7 @@ def ssu_kernel(
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
     TILES: tl.constexpr, STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr,
-    PHILOX_ROUNDS: tl.constexpr, PDL: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr, PDL: tl.constexpr, BRANCHLESS: tl.constexpr,
 ):
     if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
         tl.extra.cuda.gdc_launch_dependents()
@@ -159,12 +188,16 @@ def ssu_kernel(
     base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
 
     a = tl.load(A_ptr + head).to(tl.float32)
-    d_skip = 0.0
-    if has_d:
-        d_skip = tl.load(D_ptr + head).to(tl.float32)
-    bias = 0.0
-    if has_dt_bias:
-        bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    if BRANCHLESS:
+        d_skip = tl.load(D_ptr + head, mask=has_d, other=0.0).to(tl.float32)
+        bias = tl.load(dt_bias_ptr + head, mask=has_dt_bias, other=0.0).to(tl.float32)
+    else:
+        d_skip = 0.0
+        if has_d:
+            d_skip = tl.load(D_ptr + head).to(tl.float32)
+        bias = 0.0
+        if has_dt_bias:
+            bias = tl.load(dt_bias_ptr + head).to(tl.float32)
     seed = 0
     element = (slot * 65599 + head * P * N).to(tl.uint32)
     if STOCHASTIC:
@@ -175,24 +208,25 @@ def ssu_kernel(
     # token 0's inputs for the first tile (dt, B and C serve every tile of the program)
     d0, x0, z0, B0, C0 = _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, first + rows, offs_n, row, head, group, 0,
                                        bias, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g,
-                                       C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N)
+                                       C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N, BRANCHLESS, TILES > 1)
 
     if TILES == 1:  # one program per tile
         s_raw = _load_tile(base, cur, s_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N)
         _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, first + rows, offs_n, state_rows, base, cur, row,
               head, group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
               dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p,
-              has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+              has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, BRANCHLESS, False)
     else:  # TILES tiles in a loop whose state loads Triton pipelines STAGES deep through shared memory
         for i in tl.range(0, TILES, num_stages=STAGES):
             offs_p = first + i * BLOCK_P + rows
             x_i, z_i = _row_inputs(x_ptr, z_ptr, offs_p, row, head, 0, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z,
-                                   P)
+                                   P, BRANCHLESS)
             s_raw = _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
             _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
                   head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
                   dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver,
-                  s_p, has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS)
+                  s_p, has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, BRANCHLESS,
+                  True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,8 +248,8 @@ def _strides(t, lead: int):
 
 def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
            pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           tiles: int = 1, stages: int = 0, maxnreg: int = 0, pdl: int = 0, stochastic: bool = False,
-           philox_rounds: int = 10):
+           tiles: int = 1, stages: int = 0, maxnreg: int = 0, pdl: int = 0, branchless: int = 0,
+           stochastic: bool = False, philox_rounds: int = 10):
     """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. The schedule:
     ``block_p`` rows per tile, ``num_warps``, ``tiles`` per program and the ``stages`` of its
     pipelined loop (see the module docstring). Returns Triton's handle of the compiled kernel (its
@@ -224,7 +258,9 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     bytes in flight, fit on an SM. ``pdl`` launches with programmatic dependent launch (ignored
     below compute capability 9.0 and in the interpreter): the program lets the next kernel be
     scheduled at once and waits for the previous kernel to finish before it reads anything, so
-    the launch of one step overlaps the drain of the kernel before it when both take part."""
+    the launch of one step overlaps the drain of the kernel before it when both take part.
+    ``branchless`` loads the optional inputs with predicated loads instead of uniform branches
+    (see the module docstring)."""
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -257,7 +293,8 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, TILES=tiles,
         STAGES=stages,
         SPECULATIVE=speculative, STOCHASTIC=stochastic,
-        PHILOX_ROUNDS=philox_rounds, PDL=pdl, num_warps=num_warps, maxnreg=maxnreg or None, launch_pdl=pdl,
+        PHILOX_ROUNDS=philox_rounds, PDL=pdl, BRANCHLESS=bool(branchless), num_warps=num_warps,
+        maxnreg=maxnreg or None, launch_pdl=pdl,
     )
 
 

@@ -28,6 +28,9 @@ class TritonOptions:
     ``max_registers`` (a cap on registers per thread, 0: the compiler's choice).
     ``programmatic_launch``: programmatic dependent launch, ``"auto"`` (tuned per batch bucket,
     on by default), ``true`` or ``false`` for every launch (ignored below compute capability 9.0).
+    ``branchless_inputs``: load D, z, dt_bias and apply softplus without branches (``true``: a
+    token's loads issue together, more registers), with uniform branches (``false``), or
+    ``"auto"`` (tuned per batch bucket; by default on for an fp32 state with several tokens).
     ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
@@ -39,6 +42,7 @@ class TritonOptions:
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     max_registers: int = attrs.field(default=0, validator=[in_range(0, 255), _register_cap])
     programmatic_launch: Union[bool, Literal["auto"]] = "auto"
+    branchless_inputs: Union[bool, Literal["auto"]] = "auto"
     tuning_cache: Optional[str] = None
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))

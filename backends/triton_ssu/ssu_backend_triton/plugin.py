@@ -129,7 +129,8 @@ def ssu_warmup(ctx, state, step):
             continue
         t0 = time.perf_counter()
         best = tuning.tune_bucket(p, bucket, launcher.run_scratch, configs, ctx.options.tune_iterations, _log,
-                                  try_pdl=ctx.options.programmatic_launch == "auto")
+                                  try_pdl=ctx.options.programmatic_launch == "auto",
+                                  try_branchless=ctx.options.branchless_inputs == "auto")
         if best is None:
             _log(f"batch {bucket:5d}: every candidate failed; keeping the default")
             continue

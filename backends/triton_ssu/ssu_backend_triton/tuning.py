@@ -45,8 +45,10 @@ class Schedule(NamedTuple):
     """How one step is launched: ``block_p`` rows of a head per tile, ``num_warps`` per program,
     ``tiles`` consecutive tiles per program (1: a program per tile), the pipeline ``stages`` of a
     program's loop over its tiles (0 with one tile), ``maxnreg``, a cap on registers per thread
-    (0: the compiler's choice; a cap fits more programs on an SM) and ``pdl`` (1: programmatic
-    dependent launch, the step's launch overlapping the drain of the kernel before it)."""
+    (0: the compiler's choice; a cap fits more programs on an SM), ``pdl`` (1: programmatic
+    dependent launch, the step's launch overlapping the drain of the kernel before it) and
+    ``branchless`` (1: the optional inputs and softplus without branches, so that a token's loads
+    issue together; more registers live, see the kernel module)."""
 
     block_p: int
     num_warps: int
@@ -54,6 +56,7 @@ class Schedule(NamedTuple):
     stages: int = 0
     maxnreg: int = 0
     pdl: int = 0
+    branchless: int = 0
 
 
 #: programs below which a launch leaves the GPU's SMs idle (an H200 has 132)
@@ -69,7 +72,8 @@ def default_config(problem, batch: int) -> Schedule:
     a single-warp program per tile of about 1024 values; for a 2-byte state and one token, two-warp
     programs looping over such tiles with 4 pipeline stages, as many tiles per program as leaves
     enough programs to fill the GPU. Smaller tiles when the batch is too small. On a GPU with
-    programmatic dependent launch, which the tuner kept at almost every batch."""
+    programmatic dependent launch, which the tuner kept at almost every batch; branch-free input
+    loads for a 4-byte state with several tokens, where they won (docs/benchmarks.md)."""
     block_n = next_pow2(problem.dstate)
     block_p = max(1, min(next_pow2(problem.headdim), 1024 // block_n))
     n_tiles = lambda bp: -(-problem.headdim // bp)  # noqa: E731
@@ -80,7 +84,8 @@ def default_config(problem, batch: int) -> Schedule:
         for tiles in _divisors_descending(n_tiles(block_p))[:-1]:
             if batch * problem.nheads * (n_tiles(block_p) // tiles) >= MIN_PROGRAMS:
                 return Schedule(block_p, 2, tiles, 4, pdl=pdl)
-    return Schedule(block_p, 1, pdl=pdl)
+    branchless = int(ITEMSIZE[problem.state_dtype] == 4 and problem.tokens_per_step > 1)
+    return Schedule(block_p, 1, pdl=pdl, branchless=branchless)
 
 
 def candidates(problem) -> list[Schedule]:
@@ -122,7 +127,7 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
     p = problem
-    return (f"{gpu}|triton {triton_version}|kernel v6|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
+    return (f"{gpu}|triton {triton_version}|kernel v7|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
             f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
             f"{' sr' if stochastic else ''}|batch {bucket}")
 
@@ -161,11 +166,13 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
 
 
 def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable,
-                try_pdl: bool = True) -> tuple:
-    """Time every config for one batch bucket on scratch, then on a GPU of compute capability 9.0
-    or newer (with ``try_pdl``) the fastest again with programmatic dependent launch (it helps at
-    most batches: docs/benchmarks.md); returns (best config, its microseconds). Back-to-back launches of the same step are timed, so
-    a launch with PDL overlaps the drain of the step before it.
+                try_pdl: bool = True, try_branchless: bool = True) -> tuple:
+    """Time every config for one batch bucket on scratch, then the fastest again: on a GPU of
+    compute capability 9.0 or newer (with ``try_pdl``) with programmatic dependent launch (it helps
+    at most batches), and (with ``try_branchless``) with the other way of loading the optional
+    inputs (branch-free wins for an fp32 state with several tokens, loses where its registers
+    spill: docs/benchmarks.md); returns (best config, its microseconds). Back-to-back launches of
+    the same step are timed, so a launch with PDL overlaps the drain of the step before it.
 
     ``run(config, scratch_ssm, slots, inputs, out)`` launches one step on the scratch state.
     """
@@ -208,4 +215,6 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     # the winner again with programmatic dependent launch, where launches honour it (sm_90 and newer)
     if try_pdl and best is not None and not best[0].pdl and _pdl_capable(torch.device(p.device)):
         time_config(best[0]._replace(pdl=1))
+    if try_branchless and best is not None:
+        time_config(best[0]._replace(branchless=1 - best[0].branchless))
     return best

@@ -32,10 +32,12 @@ problems = st.builds(
 
 
 schedules = st.one_of(st.none(), st.builds(
-    lambda block_p, warps, tiles, stages, pdl: {"block_p": block_p, "num_warps": warps, "tiles_per_program": tiles,
-                                                "loop_stages": stages, "programmatic_launch": pdl},  # ignored on CPU
+    lambda block_p, warps, tiles, stages, pdl, branchless: {
+        "block_p": block_p, "num_warps": warps, "tiles_per_program": tiles, "loop_stages": stages,
+        "programmatic_launch": pdl,  # ignored on CPU
+        "branchless_inputs": branchless},
     block_p=st.sampled_from([1, 2, 4, 8]), warps=st.sampled_from([1, 2]), tiles=st.integers(0, 3),
-    stages=st.sampled_from([0, 2, 3]), pdl=st.booleans()))
+    stages=st.sampled_from([0, 2, 3]), pdl=st.booleans(), branchless=st.booleans()))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,7 +45,8 @@ schedules = st.one_of(st.none(), st.builds(
        schedule=schedules, data=st.data())
 def test_matches_reference(p, pad, options, int64, seed, schedule, data):
     """Drawn shapes, dtypes, options, pad rows, accepted counts and launch schedules (the default
-    per shape, or pinned tiles, warps, tiles per program and pipeline stages)."""
+    per shape, or pinned tiles, warps, tiles per program, pipeline stages and either way of loading
+    the optional inputs)."""
     gen = torch.Generator().manual_seed(seed)
     pad = min(pad, p.max_batch - 1)
     tokens = data.draw(st.integers(1, p.tokens_per_step))
@@ -91,6 +94,8 @@ def test_options_and_refusals():
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"max_registers": 16}}), problem())
     with pytest.raises(ssu.ConfigError, match=r"programmatic_launch.*true or false or one of 'auto'"):
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"programmatic_launch": "yes"}}), problem())
+    with pytest.raises(ssu.ConfigError, match=r"branchless_inputs.*true or false or one of 'auto'"):
+        ssu.open(ssu.Config(backend="triton", backends={"triton": {"branchless_inputs": 2}}), problem())
 
 
 @pytest.mark.parametrize("setting, pdl", [("auto", int(DEVICE == "cuda")), (True, 1), (False, 0)])
@@ -102,6 +107,21 @@ def test_programmatic_launch_option(setting, pdl):
         options = {"programmatic_launch": setting, **pins}
         kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem())
         assert {s.pdl for s in kernel._ctx.memo["launcher"].table[1:]} == {pdl}
+
+
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_branchless_inputs_option(setting):
+    """``branchless_inputs`` forces either way of loading the optional inputs in every schedule,
+    pinned or not; ``auto`` leaves it to the defaults (branch-free for an fp32 state with several
+    tokens) and the tuner."""
+    for fields in ({}, {"state_dtype": "bf16", "tokens_per_step": 2, "speculative": True},
+                   {"tokens_per_step": 2, "speculative": True}):
+        expected = int(fields.get("tokens_per_step", 1) > 1 and "state_dtype" not in fields) if setting == "auto" \
+            else int(setting)
+        for pins in ({}, {"block_p": 4, "num_warps": 1}):
+            options = {"branchless_inputs": setting, **pins}
+            kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem(**fields))
+            assert {s.branchless for s in kernel._ctx.memo["launcher"].table[1:]} == {expected}
 
 
 def test_pinned_launch_parameters(gen):
@@ -140,13 +160,16 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     p = problem(nheads=128, headdim=80, dstate=128, ngroups=8, max_batch=100, device="cpu")
     assert tuning.buckets(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert tuning.buckets(1) == [1]
-    block_p, warps, tiles, stages, maxnreg, pdl = tuning.default_config(p, 64)
-    assert block_p * tuning.next_pow2(p.dstate) <= 1024 and (warps, tiles, stages, maxnreg, pdl) == (1, 1, 0, 0, 0)
+    block_p, warps, tiles, stages, maxnreg, pdl, branchless = tuning.default_config(p, 64)
+    assert block_p * tuning.next_pow2(p.dstate) <= 1024
+    assert (warps, tiles, stages, maxnreg, pdl, branchless) == (1, 1, 0, 0, 0, 0)
+    assert tuning.default_config(attrs.evolve(p, tokens_per_step=4, speculative=True), 64).branchless == 1
     bf16 = attrs.evolve(p, state_dtype="bf16")
-    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4, 0, 0)  # a whole head (80 rows) per program
-    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4, 0, 0)  # half a head: enough programs for the GPU
+    assert tuning.default_config(bf16, 64) == (8, 2, 10, 4, 0, 0, 0)  # a whole head (80 rows) per program
+    assert tuning.default_config(bf16, 4) == (8, 2, 5, 4, 0, 0, 0)  # half a head: enough programs for the GPU
     assert tuning.default_config(attrs.evolve(bf16, nheads=8, ngroups=1), 1).tiles == 1  # too few programs to loop
-    assert tuning.default_config(attrs.evolve(bf16, tokens_per_step=4, speculative=True), 64).tiles == 1
+    bf16_t4 = tuning.default_config(attrs.evolve(bf16, tokens_per_step=4, speculative=True), 64)
+    assert bf16_t4.tiles == 1 and bf16_t4.branchless == 0
     assert tuning.default_config(attrs.evolve(bf16, device="cuda"), 64).pdl == 1  # ignored below sm_90
     schedules = tuning.candidates(p)
     assert {s.stages for s in schedules} == {0, 3, 4} and {s.tiles for s in schedules} == {1, 5, 10}
@@ -155,11 +178,11 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     assert all(s.block_p * 128 // (32 * s.num_warps) >= 32 for s in schedules if s.maxnreg)
     assert all(s.tiles * s.block_p < p.headdim + s.block_p for s in schedules)
     path = tmp_path / "cache.json"
-    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0, 96, 1]}})
-    tuning.write_cache(path, {"b": {"config": [16, 4, 1, 0, 96]}, "c": "junk"})
+    tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0, 96, 1, 1]}})
+    tuning.write_cache(path, {"b": {"config": [16, 4, 1, 0, 96, 1]}, "c": "junk"})
     cached = tuning.read_cache(path)
     assert set(cached) == {"a", "b", "c"}
-    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0, 96, pdl=1)
+    assert tuning.cached_schedule(cached, "a") == tuning.Schedule(8, 4, 1, 0, 96, pdl=1, branchless=1)
     assert [tuning.cached_schedule(cached, k) for k in ("b", "c", "d")] == [None, None, None]  # re-tuned
     path.write_text("{not json")
     assert tuning.read_cache(path) == {}

@@ -139,3 +139,36 @@ def test_programmatic_dependent_launch(tokens, gen):
                       None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=False,
                       versions=1, block_p=8, num_warps=1, pdl=1)
     assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_branchless_inputs_write_the_same_bits(state_dtype, tokens, gen):
+    """Branch-free and branched loads of the optional inputs are two schedules of the same math:
+    both match the reference (with and without D, z, dt_bias and softplus), and from the same
+    states they write the same state and output bits."""
+    from ssu.inputs import step_inputs
+    from ssu_backend_triton.kernel import launch
+
+    p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
+    pins = {"block_p": 8, "num_warps": 2 if tokens == 1 else 1, "tiles_per_program": 4 if tokens == 1 else 1,
+            "loop_stages": 4 if tokens == 1 else 0}
+    for branchless in (True, False):
+        compare_steps(p, gen, steps=2, pad=3, kernel_options={**pins, "branchless_inputs": branchless})
+    K = tokens + 1 if tokens > 1 else 1
+    pristine = torch.randn(1, 16, K, p.nheads, p.headdim, p.dstate, device="cuda").to(
+        getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[state_dtype]))
+    cursor = torch.randint(0, K, (16,), dtype=torch.int32, device="cuda") if tokens > 1 else None
+    slots = torch.tensor([3, 1, p.pad_slot_id, 7, 0, 12], dtype=torch.int32, device="cuda")
+    i = step_inputs(p, slots, gen)
+    for optional in (True, False):
+        results = []
+        for branchless in (0, 1):
+            ssm, out = pristine.clone(), torch.zeros_like(i.x)
+            launch(ssm, cursor, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D if optional else None,
+                   i.z if optional else None, i.dt_bias if optional else None, optional, out, None,
+                   pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
+                   versions=K, block_p=pins["block_p"], num_warps=pins["num_warps"], tiles=pins["tiles_per_program"],
+                   stages=pins["loop_stages"], branchless=branchless)
+            results.append((ssm, out))
+        assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
