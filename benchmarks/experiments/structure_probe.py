@@ -132,7 +132,12 @@ _PIPE = (
             (16, 8, 4, 4, 4),
         )
     ]
-    + [GluonPipe(8, 4, 1, 4, 4, maxnreg=96), GluonPipe(8, 8, 1, 4, 4, maxnreg=80), GluonPipe(8, 8, 2, 4, 4, pdl=0)]
+    + [
+        GluonPipe(8, 4, 1, 4, 4, maxnreg=96),
+        GluonPipe(16, 4, 2, 4, 4, maxnreg=96),
+        GluonPipe(8, 8, 1, 4, 4, maxnreg=80),
+        GluonPipe(8, 8, 2, 4, 4, pdl=0),
+    ]
     + [GluonLoop(16, 8, 2, 2), GluonLoop(8, 8, 2, 4), GluonLoop(16, 16, 2, 2)]
     + [GluonPipe(8, 8, 2, 4, 4, math=0), GluonPipe(16, 8, 2, 2, 3, math=0), GluonPipe(8, 4, 1, 4, 4, math=0)]
     + [Copy(Schedule(*s)) for s in ((8, 2, 4, 4, 0, 1), (8, 1, 4, 4, 0, 1), (16, 2, 4, 3, 0, 1), (16, 1, 1, 0, 0, 1))]
