@@ -51,9 +51,9 @@ def _token_inputs(x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, row, head,
     B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
     C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
     if B_IN_TILE:
-        tile = 0 * offs_p[:, None]
-        Bv = tl.load(B_ptrs[None, :] + tile, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
-        Cv = tl.load(C_ptrs[None, :] + tile, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
+        every_row = 0 * offs_p[:, None]  # the same B and C for each row, loaded where the row's lanes are
+        Bv = tl.load(B_ptrs[None, :] + every_row, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptrs[None, :] + every_row, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
     elif EVEN_N:
         Bv = tl.load(B_ptrs).to(tl.float32)
         Cv = tl.load(C_ptrs).to(tl.float32)
@@ -105,9 +105,10 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
           SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
           BRANCHLESS: tl.constexpr, B_IN_TILE: tl.constexpr):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
-    loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with ``B_IN_TILE``). Each later token's inputs are loaded before
-    the earlier token's stores, so their latency overlaps (the compiler may not move a load past a
-    store to memory it cannot prove distinct)."""
+    loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with
+    ``B_IN_TILE``). Each later token's inputs are loaded before the earlier token's stores, so
+    their latency overlaps (the compiler may not move a load past a store to memory it cannot
+    prove distinct)."""
     mask_p = offs_p < P
     state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
     tile = offs_p[:, None] * s_p + offs_n[None, :]
