@@ -300,8 +300,14 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id"])
-def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, batch, pad_slot_id, K: tl.constexpr, BLOCK: tl.constexpr):
-    """cursor[slot] = (cursor[slot] + num_accepted) % K for every non-pad row: one launch."""
+def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, batch, pad_slot_id, K: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    """cursor[slot] = (cursor[slot] + num_accepted) % K for every non-pad row: one launch. With
+    ``PDL``, as the step: the next kernel may be scheduled at once, nothing is read before the
+    previous kernel (the step that read these cursors) has finished."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = offs < batch
     slot = tl.load(slots_ptr + offs, mask=in_batch, other=pad_slot_id).to(tl.int64)
@@ -311,8 +317,13 @@ def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, batch, pad_slot_id, K: tl
     tl.store(cursor_ptr + slot, ((cur + accepted) % K).to(cursor_ptr.dtype.element_ty), mask=valid)
 
 
-def commit(cursor, slots, num_accepted, *, pad_slot_id: int, versions: int) -> None:
-    """Move the cursors of a speculative step's slots (a single launch, graph capturable)."""
+def commit(cursor, slots, num_accepted, *, pad_slot_id: int, versions: int, pdl: bool = False):
+    """Move the cursors of a speculative step's slots (a single launch, graph capturable), with
+    programmatic dependent launch where ``pdl`` asks and the GPU has it (compute capability 9.0
+    or newer), so that in a graph the commit and the next step do not each wait for a launch.
+    Returns Triton's handle of the compiled kernel."""
     b = slots.shape[0]
     block = min(1024, triton.next_power_of_2(b))
-    commit_kernel[(triton.cdiv(b, block),)](cursor, slots, num_accepted, b, pad_slot_id, K=versions, BLOCK=block)
+    pdl = bool(pdl) and _pdl_capable(cursor.device)
+    return commit_kernel[(triton.cdiv(b, block),)](cursor, slots, num_accepted, b, pad_slot_id, K=versions,
+                                                   BLOCK=block, PDL=pdl, launch_pdl=pdl)

@@ -92,11 +92,12 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
-    """The cursor move of :mod:`ssu.slot_state` as one Triton launch (no state is copied)."""
+    """The cursor move of :mod:`ssu.slot_state` as one Triton launch (no state is copied), with
+    programmatic dependent launch unless the options turn it off."""
     from .kernel import commit
 
     commit(state.buffers["cursor"], slots, num_accepted, pad_slot_id=ctx.problem.pad_slot_id,
-           versions=slot_state.versions(ctx.problem))
+           versions=slot_state.versions(ctx.problem), pdl=ctx.options.programmatic_launch is not False)
 
 
 @ssu.hookimpl

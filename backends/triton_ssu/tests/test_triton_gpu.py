@@ -121,11 +121,11 @@ def test_state_tiles_move_in_16_byte_vectors(state_dtype, layer, tiles, gen):
 
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_programmatic_dependent_launch(tokens, gen):
-    """Steps launched with programmatic dependent launch (griddepcontrol in the PTX: each waits for
-    the kernel before it) match the reference, and replay bit for bit in a CUDA graph, where
-    consecutive steps overlap."""
+    """Steps and commits launched with programmatic dependent launch (griddepcontrol in the PTX:
+    each waits for the kernel before it) match the reference, and replay bit for bit in a CUDA
+    graph, where consecutive launches overlap."""
     from ssu.inputs import step_inputs
-    from ssu_backend_triton.kernel import launch
+    from ssu_backend_triton.kernel import commit, launch
 
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
     options = {"block_p": 8, "num_warps": 2, "tiles_per_program": 4 if tokens == 1 else 1,
@@ -139,6 +139,10 @@ def test_programmatic_dependent_launch(tokens, gen):
                       None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=False,
                       versions=1, block_p=8, num_warps=1, pdl=1)
     assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
+    cursor = torch.zeros(8, dtype=torch.int32, device="cuda")
+    compiled = commit(cursor, slots, torch.full((8,), 2, dtype=torch.int32, device="cuda"),
+                      pad_slot_id=p.pad_slot_id, versions=5, pdl=True)
+    assert "griddepcontrol.wait" in compiled.asm["ptx"] and torch.equal(cursor, torch.full_like(cursor, 2))
 
 
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
