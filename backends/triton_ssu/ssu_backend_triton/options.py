@@ -27,7 +27,8 @@ class TritonOptions:
     ``loop_stages`` (the pipeline depth of that loop, 0 to 6; below 2 it is not pipelined),
     ``max_registers`` (a cap on registers per thread, 0: the compiler's choice).
     ``programmatic_launch``: programmatic dependent launch, ``"auto"`` (tuned per batch bucket,
-    on by default), ``true`` or ``false`` for every launch (ignored below compute capability 9.0).
+    on by default; the commit always uses it), ``true`` or ``false`` for every launch, step and
+    commit (ignored below compute capability 9.0).
     ``branchless_inputs``: load D, z, dt_bias and apply softplus without branches (``true``: a
     token's loads issue together, more registers), with uniform branches (``false``), or
     ``"auto"`` (tuned per batch bucket; by default on for an fp32 state with several tokens).
