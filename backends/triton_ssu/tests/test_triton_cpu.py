@@ -104,7 +104,7 @@ def test_programmatic_launch_option(setting, pdl):
     leaves it to the defaults and the tuner (on for a GPU, off on the CPU, where it is
     meaningless anyway)."""
     for pins in ({}, {"block_p": 4, "num_warps": 1}):
-        options = {"programmatic_launch": setting, **pins}
+        options = {"programmatic_launch": setting, "tuning_cache": "", **pins}  # no schedules tuned earlier
         kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem())
         assert {s.pdl for s in kernel._ctx.memo["launcher"].table[1:]} == {pdl}
 
@@ -119,7 +119,7 @@ def test_branchless_inputs_option(setting):
         expected = int(fields.get("tokens_per_step", 1) > 1 and "state_dtype" not in fields) if setting == "auto" \
             else int(setting)
         for pins in ({}, {"block_p": 4, "num_warps": 1}):
-            options = {"branchless_inputs": setting, **pins}
+            options = {"branchless_inputs": setting, "tuning_cache": "", **pins}  # no schedules tuned earlier
             kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem(**fields))
             assert {s.branchless for s in kernel._ctx.memo["launcher"].table[1:]} == {expected}
 
