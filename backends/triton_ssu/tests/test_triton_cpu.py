@@ -194,6 +194,32 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     assert tuning.cache_path(None) == tmp_path / "ssu" / "triton-tuning.json"
 
 
+@pytest.mark.parametrize("branchless_faster", [True, False])
+@pytest.mark.parametrize("try_branchless", [True, False])
+def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
+    """``tune_bucket`` times every candidate, then its winner the other way of loading the
+    inputs (when asked) and keeps whichever is faster; no PDL trial where launches ignore PDL
+    (the CPU). Timing is faked: this checks the tuner's choices, not the kernel."""
+    import ssu.timing
+
+    timed = []
+
+    def fake_time(launches, **kw):
+        launches[0]()  # records which config this timing is for
+        config = timed[-1]
+        return 10.0 + config.block_p + (-1.0 if branchless_faster else 1.0) * config.branchless
+
+    monkeypatch.setattr(ssu.timing, "graph_time_us", fake_time)
+    p = problem(device="cpu")
+    configs = [tuning.Schedule(4, 1), tuning.Schedule(2, 1), tuning.Schedule(8, 2)]
+    best, us = tuning.tune_bucket(p, 2, lambda config, *a: timed.append(config), configs, 3, lambda msg: None,
+                                  try_branchless=try_branchless)
+    trial = [tuning.Schedule(2, 1, branchless=1)] if try_branchless else []
+    assert timed == configs + trial  # no PDL trial on the CPU
+    expected = tuning.Schedule(2, 1, branchless=int(try_branchless and branchless_faster))
+    assert best == expected and us == 12.0 + (-1.0 if expected.branchless else 0.0)
+
+
 def test_torch_compile_custom_op(gen):
     """The step inside torch.compile goes through torch.ops.ssu_triton.step (fake impl traced)."""
     from ssu.inputs import pick_slots, step_inputs
