@@ -81,8 +81,9 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}; H={H} P={P} N={N} G={G}, inputs bf16, T={args.tokens}"
           f"{', without ' + args.without if args.without else ''}", flush=True)
-    print("| state | batch | block_p | warps | tiles | stages | maxnreg | pdl | branchless | us | TB/s | % of 4.26 | code |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    columns = ["state", "batch", *Schedule._fields, "us", "TB/s", "% of 4.26", "code"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     sweep = ([Schedule(*(int(v) for v in c.split(","))) for c in args.configs] if args.configs
              else configs(args.quick))
     T = args.tokens

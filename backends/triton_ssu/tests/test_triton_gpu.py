@@ -73,10 +73,14 @@ SECOND_PROCESS = textwrap.dedent("""
 
 def test_tuning_cache_reused_by_a_second_process(tmp_path):
     env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(tmp_path / "tuning.json"))
-    first = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
+    def process():
+        return subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    first = process()
     assert first.returncode == 0, first.stderr
     assert "tuned Schedule(" in first.stderr
-    second = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
+    second = process()
     assert second.returncode == 0, second.stderr
     assert "us (" not in second.stderr and "from " in second.stderr
     assert first.stdout.split("TABLE")[1] == second.stdout.split("TABLE")[1]
