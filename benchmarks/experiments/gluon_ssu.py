@@ -25,6 +25,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _cp
 
+from ssu_backend_triton.kernel import _strides
+
 
 @gluon.jit
 def _gdc():
@@ -35,41 +37,35 @@ def _gdc():
 
 
 @gluon.jit
+def _sequence(
+    ssm_ptr, cursor_ptr, slots_ptr, pad_slot_id, layer_offset, s_slot, s_head, HEADS_PER_GROUP: gl.constexpr,
+    P: gl.constexpr, SPECULATIVE: gl.constexpr, INDIRECT: gl.constexpr
+):
+    """Every kernel's prologue, as in the backend's kernel: which sequence, head and row block this
+    program updates, its state's base pointer, the version it reads (speculative) and how many of
+    its rows exist (0 for a pad row). ``INDIRECT = False`` (probe only) takes the slot from the
+    batch row, with no index loads before the state's."""
+    pid_p = gl.program_id(0)
+    head = gl.program_id(1)
+    row = gl.program_id(2)
+    if INDIRECT:
+        slot = gl.load(slots_ptr + row).to(gl.int64)
+    else:
+        slot = row.to(gl.int64)
+    valid = slot != pad_slot_id
+    safe_slot = gl.where(valid, slot, 0)
+    if SPECULATIVE and INDIRECT:
+        cur = gl.load(cursor_ptr + safe_slot).to(gl.int64)
+    else:
+        cur = 0
+    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
+    return pid_p, head, row, head // HEADS_PER_GROUP, gl.where(valid, P, 0), cur, base
+
+
+@gluon.jit
 def _tok(
-    x_ptr,
-    B_ptr,
-    C_ptr,
-    dt_ptr,
-    z_ptr,
-    offs_p,
-    offs_n,
-    mask_p,
-    row,
-    head,
-    group,
-    t,
-    bias,
-    x_b,
-    x_t,
-    x_h,
-    x_p,
-    dt_b,
-    dt_t,
-    dt_h,
-    B_b,
-    B_t,
-    B_g,
-    B_n,
-    C_b,
-    C_t,
-    C_g,
-    C_n,
-    z_b,
-    z_t,
-    z_h,
-    z_p,
-    has_z,
-    softplus,
+    x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, mask_p, row, head, group, t, bias, x_b, x_t, x_h, x_p, dt_b,
+    dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus
 ):
     d = gl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(gl.float32) + bias
     if softplus:
@@ -85,87 +81,22 @@ def _tok(
 
 @gluon.jit(do_not_specialize=["pad_slot_id", "has_d", "has_z", "has_dt_bias", "softplus"])
 def ssu_gluon_kernel(
-    ssm_ptr,
-    cursor_ptr,
-    x_ptr,
-    dt_ptr,
-    A_ptr,
-    B_ptr,
-    C_ptr,
-    slots_ptr,
-    D_ptr,
-    z_ptr,
-    dt_bias_ptr,
-    out_ptr,
-    pad_slot_id,
-    layer_offset,
-    s_slot,
-    s_ver,
-    s_head,
-    s_p,
-    x_b,
-    x_t,
-    x_h,
-    x_p,
-    dt_b,
-    dt_t,
-    dt_h,
-    B_b,
-    B_t,
-    B_g,
-    B_n,
-    C_b,
-    C_t,
-    C_g,
-    C_n,
-    z_b,
-    z_t,
-    z_h,
-    z_p,
-    o_b,
-    o_t,
-    o_h,
-    o_p,
-    has_d,
-    has_z,
-    has_dt_bias,
-    softplus,
-    T: gl.constexpr,
-    K: gl.constexpr,
-    HEADS_PER_GROUP: gl.constexpr,
-    P: gl.constexpr,
-    N: gl.constexpr,
-    ROWS: gl.constexpr,
-    LANES: gl.constexpr,
-    VEC: gl.constexpr,
-    WARPS: gl.constexpr,
-    SPECULATIVE: gl.constexpr,
-    PDL: gl.constexpr,
-    MATH: gl.constexpr = True,
-    INDIRECT: gl.constexpr = True,
-    PREFETCH: gl.constexpr = True,
+    ssm_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr, pad_slot_id,
+    layer_offset, s_slot, s_ver, s_head, s_p, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g,
+    C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, has_d, has_z, has_dt_bias, softplus, T: gl.constexpr, K: gl.constexpr,
+    HEADS_PER_GROUP: gl.constexpr, P: gl.constexpr, N: gl.constexpr, ROWS: gl.constexpr, LANES: gl.constexpr,
+    VEC: gl.constexpr, WARPS: gl.constexpr, SPECULATIVE: gl.constexpr, PDL: gl.constexpr, MATH: gl.constexpr = True,
+    INDIRECT: gl.constexpr = True, PREFETCH: gl.constexpr = True
 ):
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // LANES, LANES], [WARPS, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, layout)
     cols_l: gl.constexpr = gl.SliceLayout(0, layout)
     if PDL:
         _gdc()
-    pid_p = gl.program_id(0)
-    head = gl.program_id(1)
-    row = gl.program_id(2)
-    group = head // HEADS_PER_GROUP
-    if INDIRECT:
-        slot = gl.load(slots_ptr + row).to(gl.int64)
-    else:  # probe only: slot = batch row, no index loads before the state's
-        slot = row.to(gl.int64)
-    valid = slot != pad_slot_id
-    safe_slot = gl.where(valid, slot, 0)
-    state_rows = gl.where(valid, P, 0)
-    if SPECULATIVE and INDIRECT:
-        cur = gl.load(cursor_ptr + safe_slot).to(gl.int64)
-    else:
-        cur = 0
-    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
+    pid_p, head, row, group, state_rows, cur, base = _sequence(
+        ssm_ptr, cursor_ptr, slots_ptr, pad_slot_id, layer_offset, s_slot, s_head, HEADS_PER_GROUP, P, SPECULATIVE,
+        INDIRECT
+    )
     offs_p = pid_p * ROWS + gl.arange(0, ROWS, layout=rows_l)
     offs_n = gl.arange(0, N, layout=cols_l)
     tile = gl.expand_dims(offs_p, 1) * s_p + gl.expand_dims(offs_n, 0)
@@ -218,40 +149,8 @@ def ssu_gluon_kernel(
                 gl.store(base + dest * s_ver + tile, s.to(ssm_ptr.dtype.element_ty), mask=state_mask)
     else:
         d, x, zv, Bv, Cv = _tok(
-            x_ptr,
-            B_ptr,
-            C_ptr,
-            dt_ptr,
-            z_ptr,
-            offs_p,
-            offs_n,
-            mask_p,
-            row,
-            head,
-            group,
-            0,
-            bias,
-            x_b,
-            x_t,
-            x_h,
-            x_p,
-            dt_b,
-            dt_t,
-            dt_h,
-            B_b,
-            B_t,
-            B_g,
-            B_n,
-            C_b,
-            C_t,
-            C_g,
-            C_n,
-            z_b,
-            z_t,
-            z_h,
-            z_p,
-            has_z,
-            softplus,
+            x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, mask_p, row, head, group, 0, bias, x_b, x_t, x_h, x_p,
+            dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus
         )
         for t in gl.static_range(T):
             s = gl.fma(s, gl.exp(a * d), gl.expand_dims(d * x, 1) * gl.expand_dims(Bv, 0))
@@ -262,40 +161,9 @@ def ssu_gluon_kernel(
                 y = y * zv * (1 / (1 + gl.exp(-zv)))
             if t + 1 < T:  # the next token's inputs before this token's stores, so that their latency overlaps
                 d, x, zv, Bv, Cv = _tok(
-                    x_ptr,
-                    B_ptr,
-                    C_ptr,
-                    dt_ptr,
-                    z_ptr,
-                    offs_p,
-                    offs_n,
-                    mask_p,
-                    row,
-                    head,
-                    group,
-                    t + 1,
-                    bias,
-                    x_b,
-                    x_t,
-                    x_h,
-                    x_p,
-                    dt_b,
-                    dt_t,
-                    dt_h,
-                    B_b,
-                    B_t,
-                    B_g,
-                    B_n,
-                    C_b,
-                    C_t,
-                    C_g,
-                    C_n,
-                    z_b,
-                    z_t,
-                    z_h,
-                    z_p,
-                    has_z,
-                    softplus,
+                    x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, mask_p, row, head, group, t + 1, bias, x_b, x_t,
+                    x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z,
+                    softplus
                 )
             gl.store(
                 out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p
@@ -308,176 +176,47 @@ def ssu_gluon_kernel(
                 gl.store(base + dest * s_ver + tile, s.to(ssm_ptr.dtype.element_ty), mask=state_mask)
 
 
-def _strides(t, lead: int):
-    st = t.stride()
-    return (st[0], 0) + st[1:] if lead == 1 else st
-
-
-def launch_gluon(
-    ssm,
-    cursor,
-    layer,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    slots,
-    D,
-    z,
-    dt_bias,
-    dt_softplus,
-    out,
-    *,
-    pad_slot_id,
-    heads_per_group,
-    speculative,
-    versions,
-    rows,
-    lanes,
-    warps,
-    pdl=0,
-    math=True,
-    indirect=True,
-    prefetch=True,
+def _launch(
+    kernel, grid, ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, pad_slot_id, warps, pdl,
+    **constexprs
 ):
-    b = x.shape[0]
-    multi = x.dim() == 4
-    T = x.shape[1] if multi else 1
-    H, P = x.shape[-2], x.shape[-1]
-    N = B.shape[-1]
-    lead = 2 if multi else 1
+    """Launch one of the kernels above with the backend kernel's argument convention (same
+    pointers, strides and flags; absent optional inputs replaced by harmless pointers)."""
+    lead = 2 if x.dim() == 4 else 1
     xs, dts, Bs, Cs = _strides(x, lead), _strides(dt, lead), _strides(B, lead), _strides(C, lead)
     zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
     os_ = _strides(out, lead)
     s = ssm.stride()
-    vec = 16 // ssm.element_size()
-    grid = (triton.cdiv(P, rows), H, b)
-    return ssu_gluon_kernel[grid](
-        ssm,
-        cursor if cursor is not None else slots,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        slots,
-        D if D is not None else A,
-        z if z is not None else x,
-        dt_bias if dt_bias is not None else A,
-        out,
-        pad_slot_id,
-        layer * s[0],
-        s[1],
-        s[2],
-        s[3],
-        s[4],
-        xs[0],
-        xs[1],
-        xs[2],
-        xs[3],
-        dts[0],
-        dts[1],
-        dts[2],
-        Bs[0],
-        Bs[1],
-        Bs[2],
-        Bs[3],
-        Cs[0],
-        Cs[1],
-        Cs[2],
-        Cs[3],
-        zs[0],
-        zs[1],
-        zs[2],
-        zs[3],
-        os_[0],
-        os_[1],
-        os_[2],
-        os_[3],
-        D is not None,
-        z is not None,
-        dt_bias is not None,
-        bool(dt_softplus),
-        T=T,
-        K=versions,
-        HEADS_PER_GROUP=heads_per_group,
-        P=P,
-        N=N,
-        ROWS=rows,
-        LANES=lanes,
-        VEC=vec,
-        WARPS=warps,
-        SPECULATIVE=speculative,
-        PDL=bool(pdl),
-        MATH=bool(math),
-        INDIRECT=bool(indirect),
-        PREFETCH=bool(prefetch),
-        num_warps=warps,
-        launch_pdl=bool(pdl),
+    return kernel[grid](
+        ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
+        D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
+        pad_slot_id, layer * s[0], s[1], s[2], s[3], s[4], *xs, *dts, *Bs, *Cs, *zs, *os_,
+        D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
+        P=x.shape[-1], N=B.shape[-1], VEC=16 // ssm.element_size(), WARPS=warps, PDL=bool(pdl), num_warps=warps,
+        launch_pdl=bool(pdl), **constexprs
+    )
+
+
+def launch_gluon(
+    ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, *, pad_slot_id, heads_per_group,
+    speculative, versions, rows, lanes, warps, pdl=0, math=True, indirect=True, prefetch=True
+):
+    grid = (triton.cdiv(x.shape[-1], rows), x.shape[-2], x.shape[0])
+    return _launch(
+        ssu_gluon_kernel, grid, ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, pad_slot_id,
+        warps, pdl, T=x.shape[1] if x.dim() == 4 else 1, K=versions, HEADS_PER_GROUP=heads_per_group, ROWS=rows,
+        LANES=lanes, SPECULATIVE=speculative, MATH=bool(math), INDIRECT=bool(indirect), PREFETCH=bool(prefetch)
     )
 
 
 @gluon.jit(do_not_specialize=["pad_slot_id", "has_d", "has_z", "has_dt_bias", "softplus"])
 def ssu_gluon_loop_kernel(
-    ssm_ptr,
-    cursor_ptr,
-    x_ptr,
-    dt_ptr,
-    A_ptr,
-    B_ptr,
-    C_ptr,
-    slots_ptr,
-    D_ptr,
-    z_ptr,
-    dt_bias_ptr,
-    out_ptr,
-    pad_slot_id,
-    layer_offset,
-    s_slot,
-    s_ver,
-    s_head,
-    s_p,
-    x_b,
-    x_t,
-    x_h,
-    x_p,
-    dt_b,
-    dt_t,
-    dt_h,
-    B_b,
-    B_t,
-    B_g,
-    B_n,
-    C_b,
-    C_t,
-    C_g,
-    C_n,
-    z_b,
-    z_t,
-    z_h,
-    z_p,
-    o_b,
-    o_t,
-    o_h,
-    o_p,
-    has_d,
-    has_z,
-    has_dt_bias,
-    softplus,
-    T: gl.constexpr,
-    K: gl.constexpr,
-    HEADS_PER_GROUP: gl.constexpr,
-    P: gl.constexpr,
-    N: gl.constexpr,
-    ROWS: gl.constexpr,
-    LANES: gl.constexpr,
-    VEC: gl.constexpr,
-    WARPS: gl.constexpr,
-    SPECULATIVE: gl.constexpr,
-    PDL: gl.constexpr,
-    TILES: gl.constexpr,
-    MATH: gl.constexpr = True,
+    ssm_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr, pad_slot_id,
+    layer_offset, s_slot, s_ver, s_head, s_p, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g,
+    C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, has_d, has_z, has_dt_bias, softplus, T: gl.constexpr, K: gl.constexpr,
+    HEADS_PER_GROUP: gl.constexpr, P: gl.constexpr, N: gl.constexpr, ROWS: gl.constexpr, LANES: gl.constexpr,
+    VEC: gl.constexpr, WARPS: gl.constexpr, SPECULATIVE: gl.constexpr, PDL: gl.constexpr, TILES: gl.constexpr,
+    MATH: gl.constexpr = True
 ):
     """T = 1 only: TILES tiles a program, the next tile's state loaded (into registers) before the
     current one is computed."""
@@ -486,15 +225,9 @@ def ssu_gluon_loop_kernel(
     cols_l: gl.constexpr = gl.SliceLayout(0, layout)
     if PDL:
         _gdc()
-    pid_p = gl.program_id(0)
-    head = gl.program_id(1)
-    row = gl.program_id(2)
-    group = head // HEADS_PER_GROUP
-    slot = gl.load(slots_ptr + row).to(gl.int64)
-    valid = slot != pad_slot_id
-    safe_slot = gl.where(valid, slot, 0)
-    state_rows = gl.where(valid, P, 0)
-    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
+    pid_p, head, row, group, state_rows, cur, base = _sequence(
+        ssm_ptr, cursor_ptr, slots_ptr, pad_slot_id, layer_offset, s_slot, s_head, HEADS_PER_GROUP, P, False, True
+    )
     rows = gl.arange(0, ROWS, layout=rows_l)
     offs_n = gl.arange(0, N, layout=cols_l)
     first = pid_p * (ROWS * TILES)
@@ -531,9 +264,8 @@ def ssu_gluon_loop_kernel(
         if i + 1 < TILES:
             nxt = offs_p + ROWS
             s_next = gl.load(
-                base + gl.expand_dims(nxt, 1) * s_p + gl.expand_dims(offs_n, 0),
-                mask=gl.expand_dims(nxt < state_rows, 1) & gl.expand_dims(offs_n < N, 0),
-                other=0.0,
+                base + gl.expand_dims(nxt, 1) * s_p + gl.expand_dims(offs_n, 0), mask=gl.expand_dims(nxt < state_rows,
+                1) & gl.expand_dims(offs_n < N, 0), other=0.0
             )
             if MATH:
                 x_next = gl.load(x_ptr + row * x_b + head * x_h + nxt * x_p, mask=nxt < P, other=0.0)
@@ -553,167 +285,26 @@ def ssu_gluon_loop_kernel(
 
 
 def launch_gluon_loop(
-    ssm,
-    cursor,
-    layer,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    slots,
-    D,
-    z,
-    dt_bias,
-    dt_softplus,
-    out,
-    *,
-    pad_slot_id,
-    heads_per_group,
-    speculative,
-    versions,
-    rows,
-    lanes,
-    warps,
-    tiles,
-    pdl=0,
-    math=True,
+    ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, *, pad_slot_id, heads_per_group,
+    speculative, versions, rows, lanes, warps, tiles, pdl=0, math=True
 ):
     assert x.dim() == 3 and not speculative
-    b = x.shape[0]
-    H, P = x.shape[-2], x.shape[-1]
-    N = B.shape[-1]
-    xs, dts, Bs, Cs = _strides(x, 1), _strides(dt, 1), _strides(B, 1), _strides(C, 1)
-    zs = _strides(z, 1) if z is not None else (0, 0, 0, 0)
-    os_ = _strides(out, 1)
-    s = ssm.stride()
-    vec = 16 // ssm.element_size()
-    grid = (triton.cdiv(P, rows * tiles), H, b)
-    return ssu_gluon_loop_kernel[grid](
-        ssm,
-        slots,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        slots,
-        D if D is not None else A,
-        z if z is not None else x,
-        dt_bias if dt_bias is not None else A,
-        out,
-        pad_slot_id,
-        layer * s[0],
-        s[1],
-        s[2],
-        s[3],
-        s[4],
-        xs[0],
-        xs[1],
-        xs[2],
-        xs[3],
-        dts[0],
-        dts[1],
-        dts[2],
-        Bs[0],
-        Bs[1],
-        Bs[2],
-        Bs[3],
-        Cs[0],
-        Cs[1],
-        Cs[2],
-        Cs[3],
-        zs[0],
-        zs[1],
-        zs[2],
-        zs[3],
-        os_[0],
-        os_[1],
-        os_[2],
-        os_[3],
-        D is not None,
-        z is not None,
-        dt_bias is not None,
-        bool(dt_softplus),
-        T=1,
-        K=versions,
-        HEADS_PER_GROUP=heads_per_group,
-        P=P,
-        N=N,
-        ROWS=rows,
-        LANES=lanes,
-        VEC=vec,
-        WARPS=warps,
-        SPECULATIVE=False,
-        PDL=bool(pdl),
-        TILES=tiles,
-        MATH=bool(math),
-        num_warps=warps,
-        launch_pdl=bool(pdl),
+    grid = (triton.cdiv(x.shape[-1], rows * tiles), x.shape[-2], x.shape[0])
+    return _launch(
+        ssu_gluon_loop_kernel, grid, ssm, slots, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out,
+        pad_slot_id, warps, pdl, T=1, K=versions, HEADS_PER_GROUP=heads_per_group, ROWS=rows, LANES=lanes,
+        SPECULATIVE=False, TILES=tiles, MATH=bool(math)
     )
 
 
 @gluon.jit(do_not_specialize=["pad_slot_id", "has_d", "has_z", "has_dt_bias", "softplus"])
 def ssu_gluon_pipe_kernel(
-    ssm_ptr,
-    cursor_ptr,
-    x_ptr,
-    dt_ptr,
-    A_ptr,
-    B_ptr,
-    C_ptr,
-    slots_ptr,
-    D_ptr,
-    z_ptr,
-    dt_bias_ptr,
-    out_ptr,
-    pad_slot_id,
-    layer_offset,
-    s_slot,
-    s_ver,
-    s_head,
-    s_p,
-    x_b,
-    x_t,
-    x_h,
-    x_p,
-    dt_b,
-    dt_t,
-    dt_h,
-    B_b,
-    B_t,
-    B_g,
-    B_n,
-    C_b,
-    C_t,
-    C_g,
-    C_n,
-    z_b,
-    z_t,
-    z_h,
-    z_p,
-    o_b,
-    o_t,
-    o_h,
-    o_p,
-    has_d,
-    has_z,
-    has_dt_bias,
-    softplus,
-    T: gl.constexpr,
-    K: gl.constexpr,
-    HEADS_PER_GROUP: gl.constexpr,
-    P: gl.constexpr,
-    N: gl.constexpr,
-    ROWS: gl.constexpr,
-    LANES: gl.constexpr,
-    VEC: gl.constexpr,
-    WARPS: gl.constexpr,
-    SPECULATIVE: gl.constexpr,
-    PDL: gl.constexpr,
-    TILES: gl.constexpr,
-    STAGES: gl.constexpr,
-    MATH: gl.constexpr = True,
+    ssm_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr, pad_slot_id,
+    layer_offset, s_slot, s_ver, s_head, s_p, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g,
+    C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, has_d, has_z, has_dt_bias, softplus, T: gl.constexpr, K: gl.constexpr,
+    HEADS_PER_GROUP: gl.constexpr, P: gl.constexpr, N: gl.constexpr, ROWS: gl.constexpr, LANES: gl.constexpr,
+    VEC: gl.constexpr, WARPS: gl.constexpr, SPECULATIVE: gl.constexpr, PDL: gl.constexpr, TILES: gl.constexpr,
+    STAGES: gl.constexpr, MATH: gl.constexpr = True
 ):
     """T = 1 only: TILES tiles a program, STAGES - 1 tiles ahead copied into shared memory with
     cp.async; each thread copies exactly the values it later reads, so no barrier is needed."""
@@ -723,15 +314,9 @@ def ssu_gluon_pipe_kernel(
     smem_l: gl.constexpr = gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0])
     if PDL:
         _gdc()
-    pid_p = gl.program_id(0)
-    head = gl.program_id(1)
-    row = gl.program_id(2)
-    group = head // HEADS_PER_GROUP
-    slot = gl.load(slots_ptr + row).to(gl.int64)
-    valid = slot != pad_slot_id
-    safe_slot = gl.where(valid, slot, 0)
-    state_rows = gl.where(valid, P, 0)
-    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
+    pid_p, head, row, group, state_rows, cur, base = _sequence(
+        ssm_ptr, cursor_ptr, slots_ptr, pad_slot_id, layer_offset, s_slot, s_head, HEADS_PER_GROUP, P, False, True
+    )
     rows = gl.arange(0, ROWS, layout=rows_l)
     offs_n = gl.arange(0, N, layout=cols_l)
     first = pid_p * (ROWS * TILES)
@@ -740,9 +325,8 @@ def ssu_gluon_pipe_kernel(
         if i < TILES:
             pi = first + i * ROWS + rows
             _cp.async_copy_global_to_shared(
-                smem.index(i),
-                base + gl.expand_dims(pi, 1) * s_p + gl.expand_dims(offs_n, 0),
-                mask=gl.expand_dims(pi < state_rows, 1) & gl.expand_dims(offs_n < N, 0),
+                smem.index(i), base + gl.expand_dims(pi, 1) * s_p + gl.expand_dims(offs_n, 0), mask=gl.expand_dims(pi <
+                state_rows, 1) & gl.expand_dims(offs_n < N, 0)
             )
         _cp.commit_group()
     if MATH:
@@ -763,9 +347,8 @@ def ssu_gluon_pipe_kernel(
         if i + STAGES - 1 < TILES:
             pj = first + (i + STAGES - 1) * ROWS + rows
             _cp.async_copy_global_to_shared(
-                smem.index((i + STAGES - 1) % STAGES),
-                base + gl.expand_dims(pj, 1) * s_p + gl.expand_dims(offs_n, 0),
-                mask=gl.expand_dims(pj < state_rows, 1) & gl.expand_dims(offs_n < N, 0),
+                smem.index((i + STAGES - 1) % STAGES), base + gl.expand_dims(pj, 1) * s_p + gl.expand_dims(offs_n, 0),
+                mask=gl.expand_dims(pj < state_rows, 1) & gl.expand_dims(offs_n < N, 0)
             )
         _cp.commit_group()
         offs_p = first + i * ROWS + rows
@@ -793,105 +376,13 @@ def ssu_gluon_pipe_kernel(
 
 
 def launch_gluon_pipe(
-    ssm,
-    cursor,
-    layer,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    slots,
-    D,
-    z,
-    dt_bias,
-    dt_softplus,
-    out,
-    *,
-    pad_slot_id,
-    heads_per_group,
-    speculative,
-    versions,
-    rows,
-    lanes,
-    warps,
-    tiles,
-    stages,
-    pdl=0,
-    math=True,
-    maxnreg=0,
+    ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, *, pad_slot_id, heads_per_group,
+    speculative, versions, rows, lanes, warps, tiles, stages, pdl=0, math=True, maxnreg=0
 ):
     assert x.dim() == 3 and not speculative
-    b = x.shape[0]
-    H, P = x.shape[-2], x.shape[-1]
-    N = B.shape[-1]
-    xs, dts, Bs, Cs = _strides(x, 1), _strides(dt, 1), _strides(B, 1), _strides(C, 1)
-    zs = _strides(z, 1) if z is not None else (0, 0, 0, 0)
-    os_ = _strides(out, 1)
-    s = ssm.stride()
-    vec = 16 // ssm.element_size()
-    grid = (triton.cdiv(P, rows * tiles), H, b)
-    return ssu_gluon_pipe_kernel[grid](
-        ssm,
-        slots,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        slots,
-        D if D is not None else A,
-        z if z is not None else x,
-        dt_bias if dt_bias is not None else A,
-        out,
-        pad_slot_id,
-        layer * s[0],
-        s[1],
-        s[2],
-        s[3],
-        s[4],
-        xs[0],
-        xs[1],
-        xs[2],
-        xs[3],
-        dts[0],
-        dts[1],
-        dts[2],
-        Bs[0],
-        Bs[1],
-        Bs[2],
-        Bs[3],
-        Cs[0],
-        Cs[1],
-        Cs[2],
-        Cs[3],
-        zs[0],
-        zs[1],
-        zs[2],
-        zs[3],
-        os_[0],
-        os_[1],
-        os_[2],
-        os_[3],
-        D is not None,
-        z is not None,
-        dt_bias is not None,
-        bool(dt_softplus),
-        T=1,
-        K=versions,
-        HEADS_PER_GROUP=heads_per_group,
-        P=P,
-        N=N,
-        ROWS=rows,
-        LANES=lanes,
-        VEC=vec,
-        WARPS=warps,
-        SPECULATIVE=False,
-        PDL=bool(pdl),
-        TILES=tiles,
-        STAGES=stages,
-        MATH=bool(math),
-        num_warps=warps,
-        launch_pdl=bool(pdl),
-        maxnreg=maxnreg or None,
+    grid = (triton.cdiv(x.shape[-1], rows * tiles), x.shape[-2], x.shape[0])
+    return _launch(
+        ssu_gluon_pipe_kernel, grid, ssm, slots, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out,
+        pad_slot_id, warps, pdl, T=1, K=versions, HEADS_PER_GROUP=heads_per_group, ROWS=rows, LANES=lanes,
+        SPECULATIVE=False, TILES=tiles, STAGES=stages, MATH=bool(math), maxnreg=maxnreg or None
     )
