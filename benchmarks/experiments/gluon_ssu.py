@@ -178,20 +178,21 @@ def ssu_gluon_kernel(
 
 def _launch(
     kernel, grid, ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, pad_slot_id, warps, pdl,
-    **constexprs
+    first=(), last=(), **constexprs
 ):
-    """Launch one of the kernels above with the backend kernel's argument convention (same
-    pointers, strides and flags; absent optional inputs replaced by harmless pointers)."""
+    """Launch one of the kernels above (or ``gluon_tma``'s) with the backend kernel's argument
+    convention (same pointers, strides and flags; absent optional inputs replaced by harmless
+    pointers), ``first`` before them and ``last`` after the flags."""
     lead = 2 if x.dim() == 4 else 1
     xs, dts, Bs, Cs = _strides(x, lead), _strides(dt, lead), _strides(B, lead), _strides(C, lead)
     zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
     os_ = _strides(out, lead)
     s = ssm.stride()
     return kernel[grid](
-        ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
+        *first, ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
         pad_slot_id, layer * s[0], s[1], s[2], s[3], s[4], *xs, *dts, *Bs, *Cs, *zs, *os_,
-        D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
+        D is not None, z is not None, dt_bias is not None, bool(dt_softplus), *last,
         P=x.shape[-1], N=B.shape[-1], VEC=16 // ssm.element_size(), WARPS=warps, PDL=bool(pdl), num_warps=warps,
         launch_pdl=bool(pdl), **constexprs
     )

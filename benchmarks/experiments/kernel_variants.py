@@ -1,10 +1,13 @@
 """Experiment (not used by the backend): variants of the triton backend's kernel, written as
 modules into a directory for ``structure_probe.py`` to import. Results: docs/benchmarks.md, sixth
-session.
+and seventh sessions.
 
 - ``kernel_copy.py``, from the current kernel: the same grid, slot and cursor indexing, pipelined
   loads and state stores (one per token version), without the arithmetic: the copy ceiling of
   the kernel's own memory structure.
+- ``kc_evict_<load|store|both>.py``, from the current kernel: the state tile loaded, stored or
+  both with the L2 eviction hint ``evict_first`` (the state is touched once per step; seventh
+  session: no faster).
 - ``kv_<name>.py``, from the kernel at commit ``BASE_COMMIT`` (before the sixth session changed
   how inputs are loaded; needs a git checkout): ``bf`` branch-free optional inputs (kept, now the
   schedule field ``branchless``), ``sf`` the state tile loaded before the token inputs in the
@@ -57,6 +60,22 @@ def copy_variant(src: str) -> str:
         "        _rows_math(" + ", ".join(params) + ")\n\n\n")
     anchor = src.index("# ``layer_offset`` must stay")
     return src[:anchor] + wrapper + src[anchor:]
+
+
+def evict_variant(src: str, load: bool, store: bool) -> str:
+    """The current kernel with ``eviction_policy="evict_first"`` on the state tile's load and/or
+    its stores."""
+    if load:
+        src = _replace(src, "mask=_state_mask(offs_p, offs_n, state_rows, N, EVEN_N), other=0.0)",
+                       'mask=_state_mask(offs_p, offs_n, state_rows, N, EVEN_N), other=0.0,\n'
+                       '                   eviction_policy="evict_first")')
+    if store:
+        src = _replace(src, "tl.store(base + dest * s_ver + tile, stored, mask=state_mask)",
+                       'tl.store(base + dest * s_ver + tile, stored, mask=state_mask, eviction_policy="evict_first")')
+    return src
+
+
+EVICT_VARIANTS = {"load": (True, False), "store": (False, True), "both": (True, True)}
 
 
 def input_variant(src: str, bf: int, sf: int, b2d: int, li: int) -> str:
@@ -144,16 +163,19 @@ def input_variant(src: str, bf: int, sf: int, b2d: int, li: int) -> str:
 def main(argv: list[str]) -> int:
     out = Path(argv[1] if len(argv) > 1 else Path(__file__).parent / "generated")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "kernel_copy.py").write_text(copy_variant((ROOT / KERNEL).read_text()))
+    current = (ROOT / KERNEL).read_text()
+    (out / "kernel_copy.py").write_text(copy_variant(current))
+    for name, flags in EVICT_VARIANTS.items():
+        (out / f"kc_evict_{name}.py").write_text(evict_variant(current, *flags))
     try:
         base = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASE_COMMIT}:{KERNEL}"], check=True,
                               capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"kernel_variants: no git history ({exc}); wrote only kernel_copy.py", file=sys.stderr)
+        print(f"kernel_variants: no git history ({exc}); wrote only kernel_copy.py and kc_*.py", file=sys.stderr)
         return 0
     for name, flags in INPUT_VARIANTS.items():
         (out / f"kv_{name}.py").write_text(input_variant(base, *flags))
-    print(f"wrote kernel_copy.py and {len(INPUT_VARIANTS)} kv_*.py to {out}")
+    print(f"wrote kernel_copy.py, {len(EVICT_VARIANTS)} kc_*.py and {len(INPUT_VARIANTS)} kv_*.py to {out}")
     return 0
 
 

@@ -7,16 +7,20 @@
   in place or into another buffer;
 - ``Variant``: the kernel of an earlier commit with one way of loading the inputs changed
   (``kernel_variants.py``);
+- ``Edited``: the current kernel with one edit (``kernel_variants.py``: L2 eviction hints);
 - ``GluonTile`` / ``GluonLoop`` / ``GluonPipe``: the step in Gluon with explicit layouts
-  (``gluon_ssu.py``).
+  (``gluon_ssu.py``);
+- ``GluonTma``: a persistent Gluon step fed by TMA copies, its states written from registers or
+  with TMA stores (``gluon_tma.py``).
 
 Every config that computes is first checked against one program per 8-row single-warp tile of
 the backend's kernel (state bit-identical, outputs within bf16 rounding; one pad row), then timed
 like ``ssu_bench.py`` (CUDA-graph replays of 40 launches over rotated slot sets, cold L2, median).
-Results and their dates: docs/benchmarks.md, sixth session.
+Results and their dates: docs/benchmarks.md, sixth and seventh sessions.
 
     python benchmarks/experiments/kernel_variants.py   # in a git checkout: writes generated/
     PYTHONPATH=core:backends/triton_ssu python benchmarks/experiments/structure_probe.py ceiling inputs
+    PYTHONPATH=core:backends/triton_ssu python benchmarks/experiments/structure_probe.py tma tmastore evict smoke
 """
 
 from __future__ import annotations
@@ -61,6 +65,13 @@ class Variant(NamedTuple):
     schedule: Schedule
 
 
+class Edited(NamedTuple):
+    """The backend's current kernel with one edit (``generated/kc_<name>.py``)."""
+
+    name: str
+    schedule: Schedule
+
+
 class GluonTile(NamedTuple):
     rows: int
     lanes: int
@@ -90,6 +101,19 @@ class GluonPipe(NamedTuple):
     maxnreg: int = 0
 
 
+class GluonTma(NamedTuple):
+    rows: int
+    lanes: int
+    warps: int
+    stages: int
+    ctas: int
+    pdl: int = 1
+    math: int = 1
+    maxnreg: int = 0
+    tma_store: int = 0
+    lag: int = 1
+
+
 class PlainCopy(NamedTuple):
     inplace: int
     pdl: int = 1
@@ -97,7 +121,7 @@ class PlainCopy(NamedTuple):
     block: int = 2048
 
 
-Config = Union[Kernel, Copy, Variant, GluonTile, GluonLoop, GluonPipe, PlainCopy]
+Config = Union[Kernel, Copy, Variant, Edited, GluonTile, GluonLoop, GluonPipe, GluonTma, PlainCopy]
 
 
 def _kernels(*schedules, copy: bool = False) -> list:
@@ -245,6 +269,64 @@ _GLUON4 = (
     + [GluonTile(16, 4, 2, math=0)]
 )
 
+_TMA1 = (
+    _kernels((8, 2, 4, 4, 0, 1, 1))
+    + [
+        GluonTma(*c)
+        for c in (
+            (16, 8, 4, 6, 4),
+            (16, 8, 4, 4, 5),
+            (16, 8, 4, 8, 5),
+            (16, 16, 2, 6, 8),
+            (32, 8, 4, 4, 4),
+            (32, 8, 4, 6, 3),
+            (32, 8, 8, 4, 2),
+            (32, 8, 8, 6, 2),
+            (64, 8, 8, 3, 2),
+            (64, 8, 8, 4, 2),
+            (64, 8, 4, 3, 2),
+        )
+    ]
+    + [GluonTma(*c, math=0) for c in ((16, 8, 4, 6, 4), (32, 8, 8, 6, 2), (64, 8, 8, 3, 2))]
+)
+_TMA4 = _kernels((16, 1, 1, 0, 128, 1)) + [
+    GluonTma(*c)
+    for c in (
+        (16, 8, 4, 4, 3),
+        (16, 8, 4, 6, 3),
+        (16, 8, 4, 4, 4, 1, 1, 128),
+        (8, 16, 2, 6, 8),
+        (8, 16, 2, 8, 8),
+        (16, 16, 2, 4, 5),
+        (16, 8, 4, 4, 3, 1, 0),
+    )
+]
+
+_TMAST = (
+    _kernels((8, 2, 4, 4, 0, 1, 1))
+    + [
+        GluonTma(*c, tma_store=1, lag=lag, math=math)
+        for math in (1, 0)
+        for c, lag in (
+            ((64, 8, 8, 3, 2), 1),
+            ((64, 8, 8, 4, 2), 2),
+            ((64, 8, 8, 6, 2), 2),
+            ((64, 8, 8, 6, 2), 3),
+            ((32, 8, 4, 6, 3), 2),
+            ((32, 8, 4, 4, 4), 1),
+            ((32, 8, 4, 4, 4), 2),
+            ((16, 16, 2, 6, 8), 2),
+            ((16, 16, 2, 4, 8), 1),
+            ((32, 16, 4, 6, 4), 2),
+        )
+    ]
+)
+
+def _edits(schedule, names=("evict_load", "evict_store", "evict_both")) -> list:
+    k = Kernel(Schedule(*schedule))
+    return [k] + [Edited(n, Schedule(*schedule)) for n in names] + [k]
+
+
 #: name -> [(state dtype, tokens, batch, configs)]
 CASES = {
     "gluon": [
@@ -265,6 +347,29 @@ CASES = {
     ],
     "pipe": [("bf16", 1, 32, _PIPE), ("bf16", 1, 128, _PIPE), ("bf16", 1, 16, _PIPE[:20])],
     "deep": [("bf16", 1, 32, _DEEP), ("bf16", 1, 128, _DEEP)],
+    "tmastore": [("bf16", 1, 32, _TMAST), ("bf16", 1, 128, _TMAST)],
+    "smoke": [  # one config of each Gluon kernel, checked against the backend's
+        (
+            "bf16",
+            1,
+            32,
+            [
+                GluonTile(16, 4, 2, prefetch=0),
+                GluonLoop(8, 8, 2, 4),
+                GluonPipe(8, 8, 2, 4, 4),
+                GluonTma(64, 8, 8, 4, 2, tma_store=1, lag=2),
+            ],
+        ),
+        ("bf16", 4, 32, [GluonTile(16, 8, 2, prefetch=0), GluonTile(16, 8, 2), GluonTma(16, 8, 4, 4, 3)]),
+    ],
+    "evict": [
+        ("bf16", 1, 32, _edits((8, 2, 4, 4, 0, 1, 1))),
+        ("bf16", 1, 128, _edits((8, 2, 4, 4, 0, 1, 1))),
+        ("bf16", 4, 32, _edits((16, 1, 1, 0, 128, 1, 0))),
+        ("fp32", 1, 32, _edits((16, 1, 1, 0, 128, 1, 0))),
+        ("fp32", 4, 32, _edits((8, 1, 1, 0, 96, 1, 1))),
+    ],
+    "tma": [("bf16", 1, 32, _TMA1), ("bf16", 1, 128, _TMA1), ("bf16", 4, 32, _TMA4), ("fp32", 1, 32, _TMA1[:8])],
     "ceiling": [("bf16", 1, 32, _CEIL1), ("bf16", 1, 128, _CEIL1), ("bf16", 4, 32, _CEIL4), ("fp32", 4, 32, _CEIL4)],
     "spec": [(s, 4, b, _SPEC4) for s in ("bf16", "fp32") for b in (32, 128)],
     "inputs": [
@@ -310,6 +415,12 @@ def run(p: ssu.Problem, cfg: Config, ssm, cursor, slots, i, out):
         schedule = cfg.schedule._asdict()
         schedule.pop("branchless")
         return _generated(f"kv_{cfg.name}").launch(*args, None, **kw, **schedule)
+    if isinstance(cfg, Edited):
+        return _generated(f"kc_{cfg.name}").launch(*args, None, **kw, **cfg.schedule._asdict())
+    if isinstance(cfg, GluonTma):
+        import gluon_tma
+
+        return gluon_tma.launch_tma(*args, **kw, **cfg._asdict())
     import gluon_ssu
 
     if isinstance(cfg, GluonTile):
