@@ -91,6 +91,7 @@ def ssu_tma_kernel(
     STAGES: gl.constexpr, SPECULATIVE: gl.constexpr, PDL: gl.constexpr, MATH: gl.constexpr,
     TILE_BYTES: gl.constexpr, TMA_STORE: gl.constexpr, LAG: gl.constexpr,
 ):
+    """One step, persistent: this program's items ``pid, pid + programs, ...`` (module docstring)."""
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // LANES, LANES], [WARPS, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, layout)
     cols_l: gl.constexpr = gl.SliceLayout(0, layout)

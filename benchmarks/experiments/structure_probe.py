@@ -102,6 +102,8 @@ class GluonPipe(NamedTuple):
 
 
 class GluonTma(NamedTuple):
+    """``gluon_tma.launch_tma``'s schedule: item rows, lanes a row, warps, ring stages, programs an SM."""
+
     rows: int
     lanes: int
     warps: int
@@ -322,7 +324,9 @@ _TMAST = (
     ]
 )
 
+
 def _edits(schedule, names=("evict_load", "evict_store", "evict_both")) -> list:
+    """The kernel with ``schedule``, its edited variants, and the kernel again (the drift of the run)."""
     k = Kernel(Schedule(*schedule))
     return [k] + [Edited(n, Schedule(*schedule)) for n in names] + [k]
 
