@@ -63,6 +63,26 @@ def _sequence(
 
 
 @gluon.jit
+def _version(cur, t: gl.constexpr, K: gl.constexpr, SPECULATIVE: gl.constexpr):
+    """Where token ``t``'s state goes: version ``(cur + 1 + t) % K`` when speculative, else the
+    only one."""
+    if SPECULATIVE:
+        return (cur + 1 + t) % K
+    else:
+        return 0
+
+
+@gluon.jit
+def _copy_versions(base, s_ver, offsets, tile, mask, cur, T: gl.constexpr, K: gl.constexpr,
+                   SPECULATIVE: gl.constexpr):
+    """Without arithmetic (a copy ceiling): store the loaded ``tile`` to every version the step
+    would write."""
+    for t in gl.static_range(T):
+        if SPECULATIVE or t == T - 1:
+            gl.store(base + _version(cur, t, K, SPECULATIVE) * s_ver + offsets, tile, mask=mask)
+
+
+@gluon.jit
 def _tok(
     x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, mask_p, row, head, group, t, bias, x_b, x_t, x_h, x_p, dt_b,
     dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z, softplus
@@ -114,13 +134,7 @@ def ssu_gluon_kernel(
 
     s = s_raw.to(gl.float32)
     if not MATH:  # the structure's ceiling: the same loads and stores, no arithmetic
-        for t in gl.static_range(T):
-            if SPECULATIVE or t == T - 1:
-                if SPECULATIVE:
-                    dest = (cur + 1 + t) % K
-                else:
-                    dest = 0
-                gl.store(base + dest * s_ver + tile, s_raw, mask=state_mask)
+        _copy_versions(base, s_ver, tile, s_raw, state_mask, cur, T, K, SPECULATIVE)
     elif not PREFETCH:  # each token's inputs where they are used (z after the state update)
         for t in gl.static_range(T):
             d = gl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(gl.float32) + bias
@@ -142,11 +156,8 @@ def ssu_gluon_kernel(
                 out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p
             )
             if SPECULATIVE or t == T - 1:
-                if SPECULATIVE:
-                    dest = (cur + 1 + t) % K
-                else:
-                    dest = 0
-                gl.store(base + dest * s_ver + tile, s.to(ssm_ptr.dtype.element_ty), mask=state_mask)
+                gl.store(base + _version(cur, t, K, SPECULATIVE) * s_ver + tile, s.to(ssm_ptr.dtype.element_ty),
+                         mask=state_mask)
     else:
         d, x, zv, Bv, Cv = _tok(
             x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, offs_p, offs_n, mask_p, row, head, group, 0, bias, x_b, x_t, x_h, x_p,
@@ -169,11 +180,8 @@ def ssu_gluon_kernel(
                 out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p
             )
             if SPECULATIVE or t == T - 1:
-                if SPECULATIVE:
-                    dest = (cur + 1 + t) % K
-                else:
-                    dest = 0
-                gl.store(base + dest * s_ver + tile, s.to(ssm_ptr.dtype.element_ty), mask=state_mask)
+                gl.store(base + _version(cur, t, K, SPECULATIVE) * s_ver + tile, s.to(ssm_ptr.dtype.element_ty),
+                         mask=state_mask)
 
 
 def _launch(

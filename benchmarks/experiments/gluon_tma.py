@@ -24,7 +24,7 @@ Needs the state cache contiguous along (P, N) (a TMA descriptor over its rows) a
 from __future__ import annotations
 
 import torch
-from gluon_ssu import _gdc, _launch
+from gluon_ssu import _copy_versions, _gdc, _launch, _version
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -188,10 +188,6 @@ def ssu_tma_kernel(
                                               C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, has_z)
                 gl.store(out_ptr + b * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty))
                 if SPECULATIVE or t == T - 1:
-                    if SPECULATIVE:
-                        dest = (cur + 1 + t) % K
-                    else:
-                        dest = 0
                     if TMA_STORE:  # T == 1: the new state back into the tile's buffer, then one bulk copy out
                         smem.index(k % STAGES).store(s.to(ssm_ptr.dtype.element_ty))
                         fence_async_shared()
@@ -200,18 +196,13 @@ def ssu_tma_kernel(
                             tma.async_copy_shared_to_global(desc, [(row_first // N).to(gl.int32), 0],
                                                             smem.index(k % STAGES))
                     else:
-                        gl.store(base + dest * s_ver + tile_off, s.to(ssm_ptr.dtype.element_ty), mask=store_mask)
+                        gl.store(base + _version(cur, t, K, SPECULATIVE) * s_ver + tile_off,
+                                 s.to(ssm_ptr.dtype.element_ty), mask=store_mask)
         elif TMA_STORE:
             if valid:
                 tma.async_copy_shared_to_global(desc, [(row_first // N).to(gl.int32), 0], smem.index(k % STAGES))
         else:
-            for t in gl.static_range(T):
-                if SPECULATIVE or t == T - 1:
-                    if SPECULATIVE:
-                        dest = (cur + 1 + t) % K
-                    else:
-                        dest = 0
-                    gl.store(base + dest * s_ver + tile_off, s_raw, mask=store_mask)
+            _copy_versions(base, s_ver, tile_off, s_raw, store_mask, cur, T, K, SPECULATIVE)
 
         # the cursor of the next request (its slot has long arrived), and rotate item k + 1 in
         next_cur = _cursor(cursor_ptr, next_slot, next_valid, SPECULATIVE)
@@ -233,9 +224,10 @@ def launch_tma(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_soft
     buffer ``lag`` items after its use."""
     T = x.shape[1] if x.dim() == 4 else 1
     H, P, N = x.shape[-2], x.shape[-1], B.shape[-1]
-    assert P % rows == 0 and ssm.stride(-1) == 1 and ssm.stride(-2) == N
-    assert not tma_store or T == 1, "TMA stores: T = 1 only"
-    assert 1 <= lag < stages
+    assert P % rows == 0, f"rows ({rows}) must divide P ({P}): pick a divisor"
+    assert ssm.stride(-1) == 1 and ssm.stride(-2) == N, "the state cache must be contiguous along (P, N)"
+    assert not tma_store or T == 1, "TMA stores handle T = 1 only: use tma_store=0 for speculative steps"
+    assert 1 <= lag < stages, f"lag ({lag}) must be at least 1 and below stages ({stages})"
     el = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[ssm.dtype]
     desc = TensorDescriptor.from_tensor(ssm.view(-1, N), [rows, N], gl.NVMMASharedLayout.get_default_for([rows, N], el))
     items = x.shape[0] * H * (P // rows)
