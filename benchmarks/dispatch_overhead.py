@@ -25,12 +25,13 @@ class NoOpBackend:
     @ssu.hookimpl
     def ssu_backend(self):
         def factory(ctx):
-            def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+            def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
+                     dst_slots=None):
                 return out
             return step
 
         return ssu.BackendSpec(name="noop", api_version=ssu.PLUGIN_API_VERSION, factory=factory,
-                               capabilities=ssu.Capabilities(speculative=True, max_tokens_per_step=8))
+                               capabilities=ssu.Capabilities(speculative=True, max_tokens_per_step=8, guards_slots=True))
 
     @ssu.hookimpl
     def ssu_allocate_state(self, ctx, num_layers):

@@ -36,8 +36,8 @@ class WrongGate(_Base):
     def factory(self, ctx):
         step = make_step(ctx)
 
-        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
-            out = step(state, x, dt, A, B, C, slots, D, None, dt_bias, dt_softplus, out, layer)
+        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None):
+            out = step(state, x, dt, A, B, C, slots, D, None, dt_bias, dt_softplus, out, layer, dst_slots)
             if z is not None:
                 out.copy_((out.float() * torch.sigmoid(z.float())).to(out.dtype))
             return out
@@ -54,8 +54,8 @@ class TouchesNeighbour(_Base):
         step = make_step(ctx)
         S = ctx.problem.num_slots
 
-        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
-            out = step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
+        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None):
+            out = step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
             real = slots[slots >= 0].long()
             state.buffers["ssm"][layer, (real + 1) % S] *= 0.999
             return out
@@ -72,9 +72,9 @@ class IgnoresPadRows(_Base):
         step = make_step(ctx)
         pad = ctx.problem.pad_slot_id
 
-        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None):
             return step(state, x, dt, A, B, C, torch.where(slots == pad, torch.zeros_like(slots), slots),
-                        D, z, dt_bias, dt_softplus, out, layer)
+                        D, z, dt_bias, dt_softplus, out, layer, dst_slots)
 
         return wrong
 

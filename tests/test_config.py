@@ -97,7 +97,9 @@ def test_bad_environment_value():
     (dict(state_dtype="int8"), "not a dtype ssu knows"),
     (dict(state_dtype="fp64"), "not a state cache dtype"),
     (dict(tokens_per_step=4), "needs speculative=True"),
-    (dict(pad_slot_id=0), "negative integer"),
+    (dict(pad_slot_id=0), "reserves the only slot"),
+    (dict(pad_slot_id=1.5), "must be an integer"),
+    (dict(speculative=1), "must be true or false"),
 ])
 def test_bad_problems(fields, pattern):
     base = dict(nheads=8, headdim=4, dstate=4, ngroups=2)

@@ -23,7 +23,7 @@ def test_allocate_state_checks_layers():
     with pytest.raises(ssu.ConfigError, match="num_layers must be a positive integer"):
         kernel.allocate_state(num_layers=0)
     state = kernel.allocate_state(num_layers=3)
-    assert state.num_layers == 3 and state.nbytes == 3 * 10 * 4 * 8 * 16 * 4
+    assert state.num_layers == 3 and state.nbytes == 3 * (10 + 1) * 4 * 8 * 16 * 4  # a sink row per layer
 
 
 def test_step_returns_and_fills_out(gen):

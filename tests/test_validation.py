@@ -85,7 +85,7 @@ def test_read_write_checks(setup, gen):
     p = kernel.problem
     with pytest.raises(ssu.InputError, match=r"slots\[0\] = 10: not a slot of this cache \(0..9\)"):
         kernel.read_state(state, torch.tensor([10]))
-    with pytest.raises(ssu.InputError, match=r"slots\[0\] = -1: not a slot"):
+    with pytest.raises(ssu.InputError, match=r"slots\[0\] = -1: the pad id of this problem"):
         kernel.read_state(state, torch.tensor([-1]))
     with pytest.raises(ssu.InputError, match=r"slot\(s\) \[2\] appear more than once"):
         kernel.write_state(state, torch.tensor([2, 2]), random_states(p, 2, gen))
@@ -110,7 +110,10 @@ def test_checks_run_once_per_signature(setup, monkeypatch):
     monkeypatch.setattr(validation.Checker, "step", lambda self, *a: calls.append(1) or original(self, *a))
     for _ in range(3):
         kernel.step(state, layer=0, **good)
-    kernel.step(state, layer=1, **good)
+    kernel.step(state, layer=1, **good)  # the layer is checked on every call, not by the full check
+    assert len(calls) == 1
+    kernel.step(state, layer=1, **dict(good, D=None))
+    kernel.step(state, layer=1, **dict(good, x=good["x"].clone()))  # a new tensor of a seen signature
     assert len(calls) == 2
 
 

@@ -5,16 +5,27 @@ functions are marked with :data:`ssu.hookimpl`. The core imports it only when it
 probed), registers it alone in its own ``pluggy.PluginManager`` and calls ``check_pending``, so a
 misspelled hook name fails at load time, naming the plugin and the hook. Lifecycle hooks are
 therefore only ever called for the selected backend. The per-call ``step`` is not a hook: the
-factory in :class:`~ssu.records.BackendSpec` returns it once and the kernel calls it directly.
+factory in :class:`~ssu.records.BackendSpec` returns it once (its signature is
+:class:`ssu.contract.StepFn`, checked when the kernel opens) and the kernel calls it directly.
 
 Required hooks: ``ssu_backend``, ``ssu_allocate_state``, ``ssu_read_state``,
-``ssu_write_state``, and ``ssu_commit`` if the capabilities declare ``speculative``.
-Every other hook is optional and has the default documented on it.
+``ssu_write_state``; ``ssu_commit`` if the capabilities declare ``speculative``;
+``ssu_adopt_state`` if they declare ``adopt_state``. Every other hook is optional and has the
+default documented on it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Optional
+
 import pluggy
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .contract import StepFn
+    from .problem import Problem
+    from .records import Availability, BackendSpec, Context, State, Verdict
 
 PROJECT = "ssu"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -25,7 +36,7 @@ REQUIRED_HOOKS = ("ssu_backend", "ssu_allocate_state", "ssu_read_state", "ssu_wr
 
 
 @hookspec(firstresult=True)
-def ssu_backend():
+def ssu_backend() -> "BackendSpec":
     """Declare the backend: return a :class:`ssu.BackendSpec`. Called once, at load.
 
     Example::
@@ -40,7 +51,7 @@ def ssu_backend():
 
 
 @hookspec(firstresult=True)
-def ssu_probe(device):
+def ssu_probe(device: str) -> Optional["Availability"]:
     """Can the backend run on ``device`` ("cpu", "cuda", "cuda:1") on this machine?
 
     Return :class:`ssu.Availability`; say why not and how to fix it. Import heavy libraries
@@ -57,7 +68,7 @@ def ssu_probe(device):
 
 
 @hookspec(firstresult=True)
-def ssu_supports(problem, options):
+def ssu_supports(problem: "Problem", options: Any) -> Optional["Verdict"]:
     """Backend-specific checks beyond the declared capabilities (which the core checks first).
 
     Return :class:`ssu.Verdict` (``ssu.Verdict.reject("reason", ...)`` or ``ssu.ACCEPT``).
@@ -74,7 +85,7 @@ def ssu_supports(problem, options):
 
 
 @hookspec(firstresult=True)
-def ssu_allocate_state(ctx, num_layers):
+def ssu_allocate_state(ctx: "Context", num_layers: int) -> "State":
     """Allocate the state of ``num_layers`` layers for ``ctx.problem``: return :class:`ssu.State`.
 
     The layout is the backend's own; values start at zero. Called outside the hot path.
@@ -91,7 +102,38 @@ def ssu_allocate_state(ctx, num_layers):
 
 
 @hookspec(firstresult=True)
-def ssu_allocate_scratch(ctx):
+def ssu_adopt_state(ctx: "Context", cache: tuple["Tensor", ...]) -> "State":
+    """Adopt an engine's cache: ``cache`` holds each layer's tensor ``(num_slots, H, P, N)`` in
+    the state dtype, already checked by the core (each slot's ``(H, P, N)`` block contiguous, any
+    slot stride). Return an :class:`ssu.State` with ``cache`` set to those tensors: steps read and
+    write them in place. Allocate only side buffers (speculative drafts, rings). Required when
+    the capabilities declare ``adopt_state``.
+
+    Example::
+
+        @ssu.hookimpl
+        def ssu_adopt_state(ctx, cache):
+            return ssu.State("mine", ctx.problem, len(cache), {}, cache=cache)
+    """
+
+
+@hookspec(firstresult=True)
+def ssu_sync_state(ctx: "Context", state: "State", slots: Optional["Tensor"]) -> None:
+    """Make the engine's tensors of an adopted ``state`` hold the logical state of ``slots``
+    (every slot when None), for an engine that reads its cache itself (its prefill, say). A
+    backend whose steps and commits keep the engine's tensor current implements nothing: the
+    default does nothing.
+
+    Example::
+
+        @ssu.hookimpl
+        def ssu_sync_state(ctx, state, slots):
+            fold_ring_into_checkpoint(state, slots)
+    """
+
+
+@hookspec(firstresult=True)
+def ssu_allocate_scratch(ctx: "Context") -> Any:
     """Allocate scratch buffers the step needs (sized for ``ctx.problem.max_batch``) before any
     CUDA-graph capture; the result is stored in ``ctx.scratch``. Default: no scratch.
 
@@ -105,7 +147,7 @@ def ssu_allocate_scratch(ctx):
 
 
 @hookspec(firstresult=True)
-def ssu_warmup(ctx, state, step):
+def ssu_warmup(ctx: "Context", state: "State", step: "StepFn") -> None:
     """Pay JIT compilation and autotuning before serving. ``step`` is the kernel's step.
 
     Every value of ``state`` must be exactly as it was afterwards (tune on scratch copies or on
@@ -120,10 +162,12 @@ def ssu_warmup(ctx, state, step):
 
 
 @hookspec(firstresult=True)
-def ssu_commit(ctx, state, slots, num_accepted):
+def ssu_commit(ctx: "Context", state: "State", slots: "Tensor", num_accepted: "Tensor") -> None:
     """Speculative decoding: make each slot's logical state the state after its first
     ``num_accepted[b]`` tokens of the last step, for every layer of ``state``. Called once per
-    step after the last layer; must be CUDA-graph capturable (no host synchronisation).
+    step after the last layer; must be CUDA-graph capturable (no host synchronisation). A
+    backend that declares ``guards_slots`` leaves slots outside the cache, and counts outside
+    ``1..T``, as they were and records them in ``ctx.faults``.
 
     Example::
 
@@ -134,7 +178,7 @@ def ssu_commit(ctx, state, slots, num_accepted):
 
 
 @hookspec(firstresult=True)
-def ssu_read_state(ctx, state, slots, layer):
+def ssu_read_state(ctx: "Context", state: "State", slots: "Tensor", layer: int) -> "Tensor":
     """Return the logical state of ``slots`` in ``layer`` as fp32, shape (len(slots), H, P, N).
 
     Example::
@@ -146,7 +190,7 @@ def ssu_read_state(ctx, state, slots, layer):
 
 
 @hookspec(firstresult=True)
-def ssu_write_state(ctx, state, slots, values, layer):
+def ssu_write_state(ctx: "Context", state: "State", slots: "Tensor", values: "Tensor", layer: int) -> None:
     """Install ``values`` (len(slots), H, P, N) as the logical state of ``slots`` in ``layer``
     (e.g. states computed by prefill), rounding to the cache dtype.
 

@@ -85,13 +85,22 @@ def random_states(problem, count: int, generator):
     return torch.randn(count, p.nheads, p.headdim, p.dstate, generator=generator).to(p.device)
 
 
+def usable_slots(problem) -> int:
+    """Slots that can hold a sequence's state: all but a pad slot inside the cache."""
+    return problem.num_slots - int(problem.pad_in_cache)
+
+
 def pick_slots(problem, batch: int, generator, *, pad_rows: int = 0, index_dtype=None):
-    """``batch`` distinct slots in random order, the last ``pad_rows`` of them pad ids."""
+    """``batch`` distinct slots in random order (never a pad slot inside the cache), the last
+    ``pad_rows`` of them pad ids."""
     import torch
 
     p = problem
-    if batch - pad_rows > p.num_slots:
-        raise ValueError(f"batch {batch} needs {batch - pad_rows} distinct slots; the cache has {p.num_slots}")
-    real = torch.randperm(p.num_slots, generator=generator)[: batch - pad_rows]
+    if batch - pad_rows > usable_slots(p):
+        raise ValueError(f"batch {batch} needs {batch - pad_rows} distinct slots; the cache has {usable_slots(p)}")
+    order = torch.randperm(p.num_slots, generator=generator)
+    if p.pad_in_cache:
+        order = order[order != p.pad_slot_id]
+    real = order[: batch - pad_rows]
     slots = torch.cat([real, torch.full((pad_rows,), p.pad_slot_id)])
     return slots.to(index_dtype or torch.int32).to(p.device)

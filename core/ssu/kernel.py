@@ -9,43 +9,63 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from . import faults
 from .config import Config, load_config
-from .errors import BackendError, ConfigError
+from .contract import StepFn, check_step
+from .errors import BackendError, ConfigError, InputError
 from .problem import Problem
 from .records import Context, State
 from .registry import LoadedBackend, Registry, default_registry
 from .resolve import Resolution, resolve
-from .validation import Checker, step_key
-
-#: at most this many input signatures are remembered per kernel before the memory is reset
-_MAX_SIGNATURES = 1024
+from .validation import Checker, Signatures
 
 
-def _checked_step(raw: Callable, checker: Checker, full: bool) -> Callable:
-    """Wrap ``raw`` so that each new input signature is checked once (every call if ``full``)."""
-    seen: set = set()
+def _checked_step(kernel: "Kernel", raw: Callable, full: bool) -> StepFn:
+    """``raw`` behind the checks: each new input signature fully, every call's cheap facts (the
+    state, the layer), with ``full`` also slot values; ids outside the cache replaced by the pad id
+    first for a backend that does not guard them itself."""
+    checker = kernel._checker
+    signatures = Signatures()
+    token = object()  # in ``state.checked`` once the state passed this kernel's checks
+    problem = kernel.problem
+    record = kernel._ctx.faults
+    guard = None if kernel.capabilities.guards_slots else faults.guard
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
+             dst_slots=None):
         try:
-            key = step_key(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
-        except AttributeError:  # not a tensor: the full check names the argument
-            key = None
-        if key is None or key not in seen:
-            checker.step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
-            if len(seen) >= _MAX_SIGNATURES:
-                seen.clear()
-            seen.add(key)
+            known = token in state.checked
+        except AttributeError:  # not a State: the full check names it
+            known = False
+        if not (known and type(layer) is int and 0 <= layer < state.num_layers
+                and type(dt_softplus) is bool and signatures.seen(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)):
+            checker.step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+            signatures.add(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)
+            state.checked.add(token)
         if full:
             checker.slot_values(slots)
-        return raw(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
+            if dst_slots is not None:
+                checker.slot_values(dst_slots, name="dst_slots")
+        state.stepped.add(layer)
+        if guard is not None:
+            slots = guard(slots, problem, record, faults.SLOTS)
+            if dst_slots is not None:
+                dst_slots = guard(dst_slots, problem, record, faults.DST_SLOTS)
+        if dst_slots is None:
+            return raw(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
+        return raw(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
 
-    step.__doc__ = Kernel.step.__doc__
+    step.__doc__ = StepFn.__doc__
     step.__wrapped__ = raw
     return step
 
 
 class Kernel:
     """The selected backend bound to one :class:`~ssu.Problem`. Create it with :func:`ssu.open`."""
+
+    #: the hot path (see :class:`ssu.contract.StepFn`): the backend's callable itself with
+    #: ``validate = false``, else a wrapper checking each new input signature once
+    step: StepFn
 
     def __init__(self, loaded: LoadedBackend, ctx: Context, resolution: Resolution, config: Config) -> None:
         self.backend: str = loaded.name
@@ -58,8 +78,7 @@ class Kernel:
         self._loaded = loaded
         self._ctx = ctx
         self._hook = loaded.hook
-        caps = loaded.spec.capabilities
-        self._checker = Checker(ctx.problem, loaded.name, caps.index_dtypes, caps.layers_share_commit)
+        self._checker = Checker(ctx.problem, loaded.name, loaded.spec.capabilities)
         try:
             raw = loaded.spec.factory(ctx)
         except BackendError:
@@ -69,22 +88,10 @@ class Kernel:
                                f"{type(exc).__name__}: {exc}") from exc
         if not callable(raw):
             raise BackendError(f"backend {self.backend!r}: its factory returned {type(raw).__name__}, not a step callable")
-        self.raw_step: Callable = raw
-        if config.validate:
-            self.step = _checked_step(raw, self._checker, full=config.validate == "full")
-        else:
-            self.step = raw
+        check_step(raw, self.backend, loaded.spec.api_version)
+        self.raw_step: StepFn = raw
+        self.step = _checked_step(self, raw, full=config.validate == "full") if config.validate else raw
         self._commit_keys: set = set()
-
-    def step(self, state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False,
-             out=None, layer=0):  # pragma: no cover - replaced per instance in __init__
-        """The hot path: one SSU step of ``layer`` for a batch; returns ``out``.
-
-        x (b, H, P), or (b, T, H, P) for a speculative kernel; dt (b, [T,] H); A (H,) fp32;
-        B, C (b, [T,] G, N); slots (b,) int32/int64 with pad id rows; D, dt_bias (H,) and z
-        (like x) optional. Writes ``out`` (allocated if None). No hook dispatch, no host sync.
-        """
-        raise NotImplementedError
 
     # lifecycle ---------------------------------------------------------------------------------
     def allocate_state(self, num_layers: int = 1) -> State:
@@ -92,23 +99,60 @@ class Kernel:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ConfigError(f"num_layers must be a positive integer, got {num_layers!r}")
         state = self._hook.ssu_allocate_state(ctx=self._ctx, num_layers=num_layers)
+        return self._returned_state(state, num_layers, "ssu_allocate_state")
+
+    def adopt_state(self, cache) -> State:
+        """A :class:`State` whose logical state is the engine's own tensor: ``cache`` is one
+        ``(num_slots, H, P, N)`` tensor (one layer), an ``(L, num_slots, H, P, N)`` tensor, or a
+        sequence of per-layer tensors, in the state dtype, each slot's ``(H, P, N)`` block
+        contiguous, any slot stride. Steps read and write it in place (same storage, no copy);
+        after ``step`` (and ``commit``) ``cache[slot]`` holds the state, or after :meth:`sync`
+        for a backend that keeps more than the logical state (see its docs)."""
+        if not self.capabilities.adopt_state:
+            raise BackendError(f"backend {self.backend!r} cannot step an engine's cache in place (its capabilities "
+                               "do not declare adopt_state); allocate a state with kernel.allocate_state and hand "
+                               "states over with write_state / read_state, or choose a backend that adopts "
+                               "(reference, triton, flashinfer)")
+        layers = self._checker.cache(cache)
+        state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers)
+        state = self._returned_state(state, len(layers), "ssu_adopt_state")
+        if tuple(state.cache) != tuple(layers) or any(a is not b for a, b in zip(state.cache, layers)):
+            raise BackendError(f"backend {self.backend!r}: hook ssu_adopt_state returned a state whose cache is not "
+                               "the engine's tensors it was given")
+        return state
+
+    def _returned_state(self, state: Any, num_layers: int, hook: str) -> State:
         if not isinstance(state, State) or state.num_layers != num_layers or state.backend != self.backend:
-            raise BackendError(f"backend {self.backend!r}: hook ssu_allocate_state returned {state!r}; expected an "
+            raise BackendError(f"backend {self.backend!r}: hook {hook} returned {state!r}; expected an "
                                f"ssu.State(backend={self.backend!r}, num_layers={num_layers})")
         return state
+
+    def sync(self, state: State, slots=None) -> None:
+        """Make the engine's tensors of an adopted ``state`` hold the logical state of ``slots``
+        (every slot when None): needed only by backends that keep more than the logical state
+        between steps (the built-in reference, triton and flashinfer backends keep the engine's
+        tensor current after every step and commit, so this only checks)."""
+        self.check()
+        self._checker.state(state, 0)
+        if slots is not None:
+            self._checker.read(state, slots, 0)
+        self._hook.ssu_sync_state(ctx=self._ctx, state=state, slots=slots)
 
     def warmup(self, state: State) -> None:
         """Pay JIT compilation and tuning now (before serving or CUDA-graph capture).
         Every value of ``state`` is left as it was."""
         self._checker.state(state, 0)
         self._hook.ssu_warmup(ctx=self._ctx, state=state, step=self.raw_step)
+        self.check()
 
-    def commit(self, state: State, slots, num_accepted) -> None:
+    def commit(self, state: State, slots, num_accepted) -> None:  # the contract's CommitFn once bound
         """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last
         step, for every layer of ``state``. Once per step, after the last layer: every layer of
-        the group must have been stepped with these slots since the previous commit. Without
-        speculation only backends with ``capabilities.layers_share_commit`` take a commit (of
-        ones), when their options ask for explicit commits."""
+        the group must have been stepped with these slots since the previous commit (with
+        validation on, a commit that finds a layer not stepped is refused and nothing moves).
+        Counts outside ``1..T`` leave that slot as it was and are reported by :meth:`check`.
+        Without speculation only backends with ``capabilities.layers_share_commit`` take a commit
+        (of ones), when their options ask for explicit commits."""
         if self.config.validate:
             key = (id(state), slots.shape, slots.dtype, slots.device,
                    getattr(num_accepted, "shape", None), getattr(num_accepted, "dtype", None),
@@ -119,17 +163,32 @@ class Kernel:
             if self.config.validate == "full":
                 self._checker.slot_values(slots)
                 self._checker.accepted_values(num_accepted)
+            self._checker.stepped(state)
+            state.stepped.clear()
         self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
 
     def read_state(self, state: State, slots, layer: int = 0):
         """The logical state of ``slots`` in ``layer``: fp32, shape (len(slots), H, P, N)."""
+        self.check()
         self._checker.read(state, slots, layer)
         return self._hook.ssu_read_state(ctx=self._ctx, state=state, slots=slots, layer=layer)
 
     def write_state(self, state: State, slots, values, layer: int = 0) -> None:
         """Install ``values`` (len(slots), H, P, N) as the logical state of ``slots`` in ``layer``."""
+        self.check()
         self._checker.write(state, slots, values, layer)
         self._hook.ssu_write_state(ctx=self._ctx, state=state, slots=slots, values=values, layer=layer)
+
+    def check(self) -> None:
+        """Raise :class:`~ssu.InputError` if a step or commit since the last check met a slot id
+        outside the cache (or an accepted count outside 1..T), naming the first such row; the
+        record is cleared. It reads one number from the device (a synchronisation): call it where
+        the engine synchronises anyway. See :mod:`ssu.faults`."""
+        record = self._ctx.faults
+        key = int(record.item())
+        if key != faults.NO_FAULT:
+            record.fill_(faults.NO_FAULT)
+            raise InputError(faults.message(key, self.problem))
 
     @property
     def scratch(self) -> Any:
@@ -142,6 +201,7 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<ssu.Kernel backend={self.backend!r} {self.problem.describe()}>"
+
 
 
 def open_kernel(config: Optional[Config] = None, problem: Optional[Problem] = None, *,
@@ -161,6 +221,6 @@ def open_kernel(config: Optional[Config] = None, problem: Optional[Problem] = No
         raise ConfigError(f"ssu.open: config must be an ssu.Config (see ssu.load_config), got {type(config).__name__}")
     registry = default_registry() if registry is None else registry
     loaded, options, resolution = resolve(config, problem, registry)
-    ctx = Context(problem, options, loaded.spec)
+    ctx = Context(problem, options, loaded.spec, faults=faults.allocate(problem.device))
     ctx.scratch = loaded.hook.ssu_allocate_scratch(ctx=ctx)
     return Kernel(loaded, ctx, resolution, config)

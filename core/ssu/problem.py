@@ -29,16 +29,28 @@ def _input_dtype(value: Any) -> str:
     return name
 
 
+def _integer(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"Problem.{attribute.name} must be an integer, got {value!r}")
+
+
+def _boolean(instance, attribute, value) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"Problem.{attribute.name} must be true or false, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class Problem:
-    """Everything a backend needs to know before the first step (SPEC.md, "Shapes and names").
+    """Everything a backend needs to know before the first step (docs/spec.md, "Shapes and names").
 
     Dtypes may be given as ``torch.dtype`` or names ("fp32", "bfloat16", ...); they are stored
     as short names so that problems are hashable and printable without torch.
 
-    >>> Problem(nheads=128, headdim=64, dstate=128, ngroups=8, state_dtype="fp32",
-    ...         input_dtype="bf16", num_slots=64, max_batch=16).tokens_per_step
-    1
+    ``pad_slot_id`` marks padded rows: any integer. A negative one (the default -1) or one at or
+    beyond ``num_slots`` names no slot; one inside ``[0, num_slots)`` reserves that slot as a null
+    block (vLLM pads with block 0): it is never a sequence's state, and a backend may use it as a
+    sink. ``engine_state``: the engine owns the cache tensor and the kernel adopts it
+    (``kernel.adopt_state``); only backends that can step a foreign tensor in place serve it.
     """
 
     nheads: int = attrs.field(validator=_positive)
@@ -50,9 +62,10 @@ class Problem:
     num_slots: int = attrs.field(default=1, validator=_positive)
     max_batch: int = attrs.field(default=1, validator=_positive)
     tokens_per_step: int = attrs.field(default=1, validator=_positive)
-    speculative: bool = False
+    speculative: bool = attrs.field(default=False, validator=_boolean)
     device: str = attrs.field(default="cpu", converter=str)
-    pad_slot_id: int = -1
+    pad_slot_id: int = attrs.field(default=-1, validator=_integer)
+    engine_state: bool = attrs.field(default=False, validator=_boolean)
 
     def __attrs_post_init__(self) -> None:
         if self.nheads % self.ngroups:
@@ -65,17 +78,19 @@ class Problem:
                 f"Problem: tokens_per_step={self.tokens_per_step} needs speculative=True "
                 "(without speculation every token commits at once, so a step carries one token)"
             )
-        if not isinstance(self.speculative, bool):
-            raise ConfigError(f"Problem.speculative must be true or false, got {self.speculative!r}")
-        if isinstance(self.pad_slot_id, bool) or not isinstance(self.pad_slot_id, int) or self.pad_slot_id >= 0:
-            raise ConfigError(
-                f"Problem.pad_slot_id must be a negative integer (it may never name a real slot), got {self.pad_slot_id!r}"
-            )
+        if self.pad_in_cache and self.num_slots < 2:
+            raise ConfigError(f"Problem: pad_slot_id={self.pad_slot_id} reserves the only slot of a cache of "
+                              f"num_slots={self.num_slots}; give more slots or a pad id outside the cache (-1)")
 
     @property
     def device_type(self) -> str:
         """"cpu", "cuda", ...: the device string without its index."""
         return self.device.split(":", 1)[0]
+
+    @property
+    def pad_in_cache(self) -> bool:
+        """Whether the pad id names a slot of the cache (a reserved null block)."""
+        return 0 <= self.pad_slot_id < self.num_slots
 
     @property
     def heads_per_group(self) -> int:
@@ -98,4 +113,6 @@ class Problem:
             f"state={self.state_dtype} input={self.input_dtype} slots={self.num_slots} "
             f"max_batch={self.max_batch} T={self.tokens_per_step}"
             f"{' speculative' if self.speculative else ''} device={self.device}"
+            f"{f' pad={self.pad_slot_id}' if self.pad_slot_id != -1 else ''}"
+            f"{' engine-state' if self.engine_state else ''}"
         )

@@ -7,16 +7,25 @@ explains every decision with :class:`Verdict` / :class:`Availability` reasons.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import attrs
 
 from .dtypes import INDEX_DTYPES, INPUT_DTYPES, STATE_DTYPES
 
+if TYPE_CHECKING:  # records name these types; importing them here would import torch
+    import torch
+
+    from .problem import Problem
+
 #: The plugin API this core implements. A backend declaring another major, or a newer minor,
 #: is reported ``incompatible`` and never used. Hooks gain arguments in minor versions; none
-#: are removed before the next major. 1.1 added ``Capabilities.layers_share_commit``.
-PLUGIN_API_VERSION = "1.1"
+#: are removed before the next major. 1.1 added ``Capabilities.layers_share_commit``; 1.2 added
+#: adopted engine caches (``Capabilities.adopt_state``, hooks ``ssu_adopt_state`` and
+#: ``ssu_sync_state``), destination slots (``Capabilities.destination_slots``, the step's
+#: ``dst_slots``), pad ids inside the cache (``Capabilities.any_pad_slot_id``) and guarded slot ids
+#: (``Capabilities.guards_slots``, ``Context.faults``).
+PLUGIN_API_VERSION = "1.2"
 
 
 def _frozen(values) -> frozenset:
@@ -37,6 +46,14 @@ class Capabilities:
     ring cursors). Between two commits every layer of the group is stepped once with the same
     slots; without speculation the group commits at the step of its last layer, or at an
     explicit ``commit`` (with ``num_accepted`` of ones) if the backend's options say so.
+
+    ``adopt_state``: ``kernel.adopt_state(cache)`` steps an engine's own cache tensor in place.
+    ``destination_slots``: the step takes ``dst_slots`` (read ``slots[b]``, write ``dst_slots[b]``).
+    ``any_pad_slot_id``: the pad id may be any integer, a slot of the cache included (a reserved
+    null block); without it only negative pad ids are served.
+    ``guards_slots``: the step and commit treat slot ids outside the cache (and accepted counts
+    outside 1..T) as pad rows and record them in ``Context.faults``; without it the core guards
+    the ids itself before each validated call.
     """
 
     devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
@@ -53,8 +70,12 @@ class Capabilities:
     cuda_graphs: bool = False
     torch_compile: bool = False
     layers_share_commit: bool = False
+    adopt_state: bool = False
+    destination_slots: bool = False
+    any_pad_slot_id: bool = False
+    guards_slots: bool = False
 
-    def check(self, problem: Any) -> list[str]:
+    def check(self, problem: "Problem") -> list[str]:
         """Reasons why ``problem`` is outside these capabilities (empty list: inside)."""
         reasons: list[str] = []
         if problem.device_type not in self.devices:
@@ -74,6 +95,12 @@ class Capabilities:
             value = getattr(problem, field)
             if allowed is not None and value not in allowed:
                 reasons.append(f"{field}={value} not supported (supports {_names(allowed)})")
+        if problem.engine_state and not self.adopt_state:
+            reasons.append("stepping an engine's own cache in place (Problem.engine_state) not supported: it "
+                           "allocates its own state; hand states over with write_state / read_state")
+        if problem.pad_slot_id >= 0 and not self.any_pad_slot_id:
+            reasons.append(f"pad_slot_id={problem.pad_slot_id} names a slot of the cache; this backend serves "
+                           "negative pad ids only (use pad_slot_id=-1)")
         return reasons
 
     def to_dict(self) -> dict:
@@ -164,32 +191,51 @@ class Context:
 
     ``options`` is the backend's validated options instance (or ``None`` without an options
     class); ``scratch`` is what ``ssu_allocate_scratch`` returned; ``memo`` is free for the
-    backend's own per-kernel data (compiled modules, tuned launch parameters).
+    backend's own per-kernel data (compiled modules, tuned launch parameters). ``faults`` is the
+    kernel's device-side record of guarded ids (see :mod:`ssu.faults`): a backend that declares
+    ``guards_slots`` lowers it with the key of each row it refused.
     """
 
-    problem: Any
+    problem: "Problem"
     options: Any
     spec: BackendSpec
     scratch: Any = None
     memo: dict = attrs.field(factory=dict)
+    faults: Optional["torch.Tensor"] = None
 
 
 @attrs.define(eq=False)
 class State:
-    """The recurrent state of a group of layers, in a layout its backend owns.
+    """The recurrent state of a group of layers, in a layout its backend owns, or an engine's
+    cache tensors adopted in place.
 
-    ``buffers`` holds the backend's tensors by name (the core never interprets them); the
-    logical state is read and written only through the kernel's ``read_state`` /
+    ``buffers`` holds the backend's tensors by name, each indexed by layer then slot (or by slot
+    alone, when 1-D); the core never interprets them. ``cache`` holds, for an adopted state, the
+    engine's tensor of each layer, ``(num_slots, H, P, N)``: steps read and write it in place.
+    The logical state is read and written only through the kernel's ``read_state`` /
     ``write_state``. ``backend`` and ``problem`` let the core refuse a state handed to the wrong
-    kernel.
+    kernel. ``views`` (per-layer tensors the step indexes) and ``record`` (host-side facts the
+    device buffers do not hold) are the backend's own; ``stepped`` and ``checked`` are the core's:
+    the layers stepped since the last commit, and which kernels' checks the state passed, kept
+    while validation is on.
     """
 
     backend: str
-    problem: Any
+    problem: "Problem"
     num_layers: int
-    buffers: dict
+    buffers: dict = attrs.field(repr=lambda b: "{" + ", ".join(b) + "}")
+    cache: tuple = attrs.field(default=(), converter=tuple, repr=lambda c: f"<{len(c)} engine tensor(s)>")
+    views: tuple = attrs.field(default=(), converter=tuple, repr=False)
+    record: Any = attrs.field(default=None, repr=False)
+    stepped: set = attrs.field(factory=set, repr=False)
+    checked: set = attrs.field(factory=set, repr=False)
+
+    @property
+    def adopted(self) -> bool:
+        """Whether the logical state lives in an engine's tensors (``cache``)."""
+        return bool(self.cache)
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held by all buffers."""
+        """Device bytes held by the backend's buffers (an adopted engine cache not counted)."""
         return sum(t.numel() * t.element_size() for t in self.buffers.values())

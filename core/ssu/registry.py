@@ -263,6 +263,8 @@ class Registry:
             raise BackendIncompatibleError(f"{label} {problem}")
         if spec.capabilities.speculative and not pm.hook.ssu_commit.get_hookimpls():
             raise BackendBrokenError(f"{label} declares speculative decoding but does not implement ssu_commit")
+        if spec.capabilities.adopt_state and not pm.hook.ssu_adopt_state.get_hookimpls():
+            raise BackendBrokenError(f"{label} declares adopt_state but does not implement ssu_adopt_state")
         return LoadedBackend(found, spec, pm)
 
     # listing ---------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""The versioned-slot state layout, shared by the ``reference`` and ``triton`` backends.
+"""The versioned-slot state layout shared by the ``reference``, ``triton`` and ``flashinfer``
+backends, for states they allocate and for engine caches they adopt.
 
-Buffers of a :class:`~ssu.State` in this layout:
+Allocated (:func:`allocate`), buffers of the :class:`~ssu.State`:
 
-``ssm``     (L, num_slots, K, H, P, N) in the cache dtype. K = 1 without speculation; with
-            speculation K = T + 1 versions per slot.
+``ssm``     (L, num_slots + 1, K, H, P, N) in the cache dtype. K = 1 without speculation; with
+            speculation K = T + 1 versions per slot. Row ``num_slots`` is a sink: a backend may
+            send there the writes of rows that name no destination (its values mean nothing).
 ``cursor``  (num_slots + 1,) int32, speculative only: which version of each slot holds its logical
             state (shared by every layer of the group). The extra last entry absorbs pad rows, so
             commit needs no host-side filtering.
@@ -11,65 +13,152 @@ Buffers of a :class:`~ssu.State` in this layout:
 A speculative step reads version ``c = cursor[slot]`` once and writes token ``t``'s state to
 version ``(c + 1 + t) % K``; it never touches version ``c``, so the logical state does not change
 until commit. ``commit`` then only moves the cursor: ``cursor[slot] = (c + num_accepted) % K``,
-a few bytes per sequence and no state copy. Everything here is plain torch indexing: device
-agnostic, and ``commit`` is CUDA-graph capturable (no host synchronisation).
+a few bytes per sequence and no state copy.
+
+Adopted (:func:`adopt`): ``State.cache`` holds the engine's tensor of each layer, (num_slots, H,
+P, N), any slot stride; steps read and write it in place. With speculation the step writes token
+``t``'s state to ``draft`` (L, num_slots, T, H, P, N) instead, and ``commit`` copies draft
+``num_accepted - 1`` into the engine's tensor: the engine's cache is current after every step
+(one token) and every commit (speculative), so ``sync`` has nothing to do.
+
+``State.views[layer]`` is a :class:`LayerViews`: the (slots, versions, H, P, N) tensors a step
+reads from and writes to, so that every backend indexes both layouts the same way. Everything
+here is plain torch: device agnostic, and ``commit`` is CUDA-graph capturable (no host
+synchronisation).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from . import faults
 from .dtypes import to_torch
 from .records import State
 
 
+class LayerViews(NamedTuple):
+    """Where one layer's step reads states from and writes them to, as (slots, versions, H, P, N)."""
+
+    read: object
+    write: object
+
+
 def versions(problem) -> int:
-    """K: how many versions of each slot's state the layout keeps."""
+    """K: how many versions of each slot's state an allocated state keeps."""
     return problem.tokens_per_step + 1 if problem.speculative else 1
+
+
+def uses_cursor(state: State) -> bool:
+    """Whether the state's speculative versions are found through ``cursor`` (allocated states)."""
+    return "cursor" in state.buffers
 
 
 def allocate(problem, num_layers: int, backend: str) -> State:
     import torch
 
     p = problem
-    ssm = torch.zeros(num_layers, p.num_slots, versions(p), p.nheads, p.headdim, p.dstate,
+    ssm = torch.zeros(num_layers, p.num_slots + 1, versions(p), p.nheads, p.headdim, p.dstate,
                       dtype=to_torch(p.state_dtype), device=p.device)
     buffers = {"ssm": ssm}
     if p.speculative:
         buffers["cursor"] = torch.zeros(p.num_slots + 1, dtype=torch.int32, device=p.device)
-    return State(backend, p, num_layers, buffers)
+    views = [LayerViews(ssm[layer], ssm[layer]) for layer in range(num_layers)]
+    return State(backend, p, num_layers, buffers, views=views)
+
+
+def adopt(problem, cache: tuple, backend: str) -> State:
+    """The engine's per-layer tensors (checked by the core) as a state; speculative drafts beside."""
+    import torch
+
+    p = problem
+    buffers = {}
+    own = [t.unsqueeze(1) for t in cache]
+    if p.speculative:
+        draft = torch.zeros(len(cache), p.num_slots, p.tokens_per_step, p.nheads, p.headdim, p.dstate,
+                            dtype=to_torch(p.state_dtype), device=p.device)
+        buffers["draft"] = draft
+        views = [LayerViews(read, draft[layer]) for layer, read in enumerate(own)]
+    else:
+        views = [LayerViews(read, read) for read in own]
+    return State(backend, p, len(cache), buffers, cache=cache, views=views)
 
 
 def current_version(state: State, slots):
     """Version index holding the logical state of each slot (int64, like ``slots``)."""
     import torch
 
-    if "cursor" not in state.buffers:
+    if not uses_cursor(state):
         return torch.zeros_like(slots, dtype=torch.int64)
     return state.buffers["cursor"][slots.long()].long()
 
 
 def read(state: State, slots, layer: int):
-    """Logical states of ``slots`` (no pad ids) as fp32 (len(slots), H, P, N)."""
+    """Logical states of ``slots`` (real slots only) as fp32 (len(slots), H, P, N)."""
     idx = slots.long()
-    return state.buffers["ssm"][layer, idx, current_version(state, slots)].float()
+    return state.views[layer].read[idx, current_version(state, slots)].float()
 
 
 def write(state: State, slots, values, layer: int) -> None:
-    """Install ``values`` as the logical states of ``slots`` (no pad ids), rounded to the cache."""
-    ssm = state.buffers["ssm"]
+    """Install ``values`` as the logical states of ``slots`` (real, distinct), rounded to the cache."""
+    view = state.views[layer].read
     idx = slots.long()
-    ssm[layer, idx, current_version(state, slots)] = values.to(device=ssm.device, dtype=ssm.dtype)
+    view[idx, current_version(state, slots)] = values.to(device=view.device, dtype=view.dtype)
 
 
-def commit(state: State, slots, num_accepted) -> None:
-    """Move each slot's cursor to the version after its ``num_accepted`` tokens (all layers)."""
+def real_rows(problem, slots):
+    """Boolean mask of the rows of ``slots`` that name a slot of the cache (not the pad id)."""
+    return (slots >= 0) & (slots < problem.num_slots) & (slots != problem.pad_slot_id)
+
+
+def commit_rows(problem, slots, num_accepted, record=None):
+    """The rows a commit moves (a real slot, 1 <= num_accepted <= T); the others are recorded in
+    ``record`` (a kernel's fault record) when given."""
+    T = problem.tokens_per_step
+    real = real_rows(problem, slots)
+    counted = (num_accepted >= 1) & (num_accepted <= T)
+    if record is not None:
+        faults.record(record, faults.outside(slots, problem.num_slots, problem.pad_slot_id), slots, faults.SLOTS)
+        faults.record(record, real & ~counted, num_accepted, faults.NUM_ACCEPTED)
+    return real & counted
+
+
+def commit(state: State, slots, num_accepted, record=None) -> None:
+    """Keep each slot's first ``num_accepted`` tokens of the last step, for every layer: the
+    cursor move of an allocated state, the draft copy of an adopted one."""
+    p = state.problem
+    moved = commit_rows(p, slots, num_accepted, record)
+    if uses_cursor(state):
+        _move_cursors(state, slots, num_accepted, moved)
+    else:
+        for layer in range(state.num_layers):
+            copy_drafts(state.cache[layer], state.buffers["draft"][layer], slots, num_accepted, moved)
+
+
+def _move_cursors(state: State, slots, num_accepted, moved) -> None:
     import torch
 
     cursor = state.buffers["cursor"]
-    p = state.problem
-    sink = p.num_slots
-    idx = torch.where(slots == p.pad_slot_id, torch.full_like(slots, sink), slots).long()
-    new = (cursor[idx] + num_accepted.to(cursor.dtype)) % versions(p)
+    sink = state.problem.num_slots
+    idx = torch.where(moved, slots, torch.full_like(slots, sink)).long()
+    new = (cursor[idx] + num_accepted.to(cursor.dtype)) % versions(state.problem)
     cursor.index_put_((idx,), new.to(cursor.dtype))
+
+
+def copy_drafts(cache, draft, slots, num_accepted, moved) -> None:
+    """``cache[slot] = draft[slot, num_accepted - 1]`` for the rows ``moved``, with torch ops and no
+    host synchronisation: the other rows repeat the first moved row's copy (the same slot and the
+    same values, so the repeated writes agree), or rewrite slot 0 with its own value when no row
+    moves."""
+    import torch
+
+    first = torch.argmax(moved.to(torch.int32))
+    idx = torch.where(moved, slots, slots[first]).long()
+    pick = torch.where(moved, num_accepted, num_accepted[first]).long().clamp(1, draft.shape[1]) - 1
+    any_moved = moved.any()
+    idx = torch.where(any_moved, idx, torch.zeros_like(idx))
+    values = draft[idx.clamp(0, draft.shape[0] - 1), pick]
+    values = torch.where(any_moved, values, cache[idx])
+    cache.index_copy_(0, idx, values)
 
 
 # Hook implementations for backends that use this layout. A backend's plugin module imports the
@@ -85,9 +174,15 @@ def ssu_allocate_state(ctx, num_layers):
 
 
 @hookimpl
+def ssu_adopt_state(ctx, cache):
+    """The engine's tensors in place, with speculative drafts beside them."""
+    return adopt(ctx.problem, cache, ctx.spec.name)
+
+
+@hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
-    """Cursor move with torch ops (no state copy)."""
-    commit(state, slots, num_accepted)
+    """Cursor move or draft copy with torch ops; refused rows recorded in ``ctx.faults``."""
+    commit(state, slots, num_accepted, ctx.faults)
 
 
 @hookimpl

@@ -1,9 +1,11 @@
 """Checking a call's tensors against the kernel's problem before anything is written.
 
-Full checks run once per *input signature* (shapes, dtypes, devices, which optional tensors are
-given, the layer and the state object); later calls with the same signature pay only for building
-the signature key. ``validate = "full"`` additionally checks slot values and accepted counts on
-every call, which synchronises the host with the device (for debugging, not serving).
+Full checks run once per *input signature* (the shapes, dtypes and devices of the tensors, which
+optional tensors are given); later calls with a signature seen before pay only for comparing it,
+which :class:`Signatures` does in C++ where torch offers it (dynamo's tensor guards, about 1 us
+for ten tensors) and else with a Python key. ``validate = "full"`` additionally checks slot
+values and accepted counts on every call, which synchronises the host with the device (for
+debugging, not serving).
 """
 
 from __future__ import annotations
@@ -15,32 +17,85 @@ from .errors import InputError
 from .problem import Problem
 from .records import State
 
-def step_key(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer) -> tuple:
-    """Signature key of one step call: equal keys mean the full check need not run again.
+#: signatures remembered per kernel; the oldest is forgotten beyond this
+MAX_SIGNATURES = 16
 
-    Written out flat on purpose: this runs on every validated call (about 2 us for 10 tensors on
-    a 2-core CPU host; ``validate = false`` skips it).
+
+def _tensor_guards():
+    """torch's C++ tensor-metadata guard class, or None where this torch has none."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:  # pragma: no cover - every torch >= 2.1 has it
+        return None
+    return TensorGuards
+
+
+class Signatures:
+    """The input signatures of one kernel that passed the full check.
+
+    A signature is the dtype, device, sizes (and, for ``out``, strides) of the eleven tensor
+    arguments, an absent optional one standing as an empty placeholder. :meth:`seen` compares a
+    call against the remembered signatures; it never raises (a non-tensor simply matches none).
+    torch's guards also compare autograd and dispatch state, and never match a call that passes
+    one tensor as two arguments: such calls take the full check each time, never a wrong answer.
     """
-    return (id(state), state.num_layers, layer, dt_softplus,
-            x.shape, x.dtype, x.get_device(), dt.shape, dt.dtype, dt.get_device(),
-            A.shape, A.dtype, A.get_device(), B.shape, B.dtype, B.get_device(),
-            C.shape, C.dtype, C.get_device(), slots.shape, slots.dtype, slots.get_device(),
-            None if D is None else (D.shape, D.dtype, D.get_device()),
-            None if z is None else (z.shape, z.dtype, z.get_device()),
-            None if dt_bias is None else (dt_bias.shape, dt_bias.dtype, dt_bias.get_device()),
-            None if out is None else (out.shape, out.dtype, out.get_device(), out.stride()))
+
+    def __init__(self, use_guards: bool = True) -> None:
+        import torch
+
+        self._guard_class = _tensor_guards() if use_guards else None
+        # one placeholder per optional argument: the guards never match a tensor passed twice
+        self._none = tuple(torch.empty(0) for _ in range(5))
+        self._entries: list = []
+
+    def _tensors(self, x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots) -> tuple:
+        n = self._none
+        return (x, dt, A, B, C, slots, n[0] if D is None else D, n[1] if z is None else z,
+                n[2] if dt_bias is None else dt_bias, n[3] if out is None else out, n[4] if dst_slots is None else dst_slots)
+
+    def seen(self, x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots) -> bool:
+        tensors = self._tensors(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)
+        if self._guard_class is not None:
+            for guard in self._entries:
+                if guard.check(*tensors):
+                    return True
+            return False
+        try:
+            key = tuple((t.shape, t.dtype, t.device) for t in tensors) + (tensors[9].stride(),)
+        except AttributeError:
+            return False
+        return key in self._entries
+
+    def add(self, x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots) -> None:
+        """Remember a signature that passed the full check."""
+        tensors = self._tensors(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)
+        entry = None
+        if self._guard_class is not None:
+            strides = [[None] * t.dim() for t in tensors]
+            strides[9] = list(tensors[9].stride())  # out: its strides are part of what was checked
+            try:
+                entry = self._guard_class(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                          dynamic_dims_strides=strides)
+            except Exception:  # a torch whose guard class takes other arguments: the Python key
+                self._guard_class = None
+                self._entries.clear()
+        if entry is None:
+            entry = tuple((t.shape, t.dtype, t.device) for t in tensors) + (tensors[9].stride(),)
+        self._entries.insert(0, entry)
+        del self._entries[MAX_SIGNATURES:]
 
 
 class Checker:
     """Validates tensors for one kernel (problem, capabilities, backend name)."""
 
-    def __init__(self, problem: Problem, backend: str, index_dtypes, shared_commit: bool = False) -> None:
+    def __init__(self, problem: Problem, backend: str, capabilities) -> None:
         import torch
 
         self.problem = problem
         self.backend = backend
-        self.index_dtypes = set(index_dtypes)
-        self.shared_commit = shared_commit
+        self.capabilities = capabilities
+        self.index_dtypes = set(capabilities.index_dtypes)
+        self.shared_commit = capabilities.layers_share_commit
         self.device = torch.device(problem.device)
 
     # helpers -----------------------------------------------------------------------------------
@@ -68,7 +123,8 @@ class Checker:
 
     def state(self, state: Any, layer: Any) -> None:
         if not isinstance(state, State):
-            raise InputError(f"state: expected the ssu.State returned by kernel.allocate_state, got {type(state).__name__}")
+            raise InputError(f"state: expected the ssu.State returned by kernel.allocate_state or kernel.adopt_state, "
+                             f"got {type(state).__name__}")
         if state.backend != self.backend or state.problem != self.problem:
             raise InputError(f"state: it belongs to a kernel for backend {state.backend!r} and problem "
                              f"{state.problem.describe()}; this kernel is {self.backend!r} for {self.problem.describe()}")
@@ -85,7 +141,8 @@ class Checker:
         b = slots.shape[0]
         limit = self.problem.max_batch if max_len is None else max_len
         if not 1 <= b <= limit:
-            raise InputError(f"{name}: batch of {b} rows; expected 1 to {limit} (Problem.max_batch)")
+            what = "Problem.max_batch" if max_len is None else "Problem.num_slots"
+            raise InputError(f"{name}: batch of {b} rows; expected 1 to {limit} ({what})")
         return b
 
     def slot_values(self, slots, *, allow_pad: bool = True, unique: bool = True, name: str = "slots") -> None:
@@ -93,8 +150,10 @@ class Checker:
         p = self.problem
         values = slots.tolist()
         for i, s in enumerate(values):
-            if s == p.pad_slot_id and allow_pad:
-                continue
+            if s == p.pad_slot_id:
+                if allow_pad:
+                    continue
+                raise InputError(f"{name}[{i}] = {s}: the pad id of this problem, not a slot that holds a state")
             if not 0 <= s < p.num_slots:
                 raise InputError(f"{name}[{i}] = {s}: not a slot of this cache (0..{p.num_slots - 1}"
                                  f"{f' or pad id {p.pad_slot_id}' if allow_pad else ''})")
@@ -104,7 +163,7 @@ class Checker:
             raise InputError(f"{name}: slot(s) {dup} appear more than once; each sequence needs its own slot")
 
     # calls ---------------------------------------------------------------------------------------
-    def step(self, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer) -> None:
+    def step(self, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots) -> None:
         p = self.problem
         self.state(state, layer)
         b = self.slots(slots)
@@ -139,6 +198,21 @@ class Checker:
                 raise InputError("out: has a zero stride (an expanded view); give a tensor that owns its memory")
         if not isinstance(dt_softplus, bool):
             raise InputError(f"dt_softplus: expected True or False, got {dt_softplus!r}")
+        if dst_slots is not None:
+            self.destinations(slots, dst_slots, b)
+
+    def destinations(self, slots, dst_slots, b: int) -> None:
+        p = self.problem
+        if not self.capabilities.destination_slots:
+            raise InputError(f"dst_slots: backend {self.backend!r} writes each row's state back to the slot it read "
+                             "(no destination-slot capability); drop dst_slots, or choose a backend that declares "
+                             "destination_slots (reference, triton, flashinfer)")
+        if p.speculative:
+            raise InputError("dst_slots: destination slots apply to one-token steps; a speculative step keeps its "
+                             "drafts beside the slot it read until commit. Step without dst_slots, or copy the "
+                             "committed state with read_state / write_state")
+        self.tensor("dst_slots", dst_slots, (b,), (dtype_name(slots.dtype),),
+                    what=" (one destination per row, the dtype of slots)")
 
     def commit(self, state, slots, num_accepted) -> None:
         self.state(state, 0)
@@ -147,6 +221,16 @@ class Checker:
                              "open it with Problem(speculative=True, tokens_per_step=T) to verify draft tokens")
         b = self.slots(slots)
         self.tensor("num_accepted", num_accepted, (b,), ("int32", "int64"))
+
+    def stepped(self, state) -> None:
+        """A commit needs every layer of the group stepped since the last one: the others' drafts
+        would replace their committed states."""
+        missing = sorted(set(range(state.num_layers)) - state.stepped)
+        if missing:
+            done = sorted(state.stepped)
+            raise InputError(f"commit: layer(s) {missing} of this state were not stepped since the last commit "
+                             f"(stepped: {done or 'none'}); a commit moves every layer of the group, so step each "
+                             "layer once with these slots first. Nothing was committed")
 
     def accepted_values(self, num_accepted) -> None:
         T = self.problem.tokens_per_step
@@ -166,3 +250,34 @@ class Checker:
         b = self.slots(slots, max_len=p.num_slots)
         self.slot_values(slots, allow_pad=False, unique=True)
         self.tensor("values", values, (b, p.nheads, p.headdim, p.dstate), ("fp32", "bf16", "fp16", "fp64"))
+
+    def cache(self, cache) -> tuple:
+        """The engine's tensor of each layer of an adopted cache, checked: shape (num_slots, H, P,
+        N), the state dtype, the kernel's device, a contiguous (H, P, N) block per slot, slots that
+        do not overlap. Accepts one tensor (one layer), an (L, num_slots, H, P, N) tensor, or a
+        sequence of per-layer tensors."""
+        import torch
+
+        p = self.problem
+        H, P, N = p.nheads, p.headdim, p.dstate
+        if isinstance(cache, torch.Tensor) and cache.dim() == 5:
+            layers, names = tuple(cache.unbind(0)), [f"cache[{i}]" for i in range(cache.shape[0])]
+        elif isinstance(cache, torch.Tensor):
+            layers, names = (cache,), ["cache"]
+        elif isinstance(cache, (list, tuple)) and cache:
+            layers, names = tuple(cache), [f"cache[{i}]" for i in range(len(cache))]
+        else:
+            raise InputError("cache: expected the engine's state tensor (num_slots, H, P, N), an (L, num_slots, H, P, N) "
+                             f"tensor or a non-empty sequence of (num_slots, H, P, N) tensors, got {type(cache).__name__}")
+        for name, t in zip(names, layers):
+            self.tensor(name, t, (p.num_slots, H, P, N), (p.state_dtype,),
+                        what=" (num_slots, heads, headdim, dstate) in Problem.state_dtype")
+            strides = t.stride()
+            if strides[1:] != (P * N, N, 1) and t[:1].numel() > 1:
+                raise InputError(f"{name}: each slot's (heads, headdim, dstate) block must be contiguous (strides "
+                                 f"{(P * N, N, 1)} after the slot's), got strides {strides}; keep the engine's cache "
+                                 "in that layout (any slot stride is fine)")
+            if p.num_slots > 1 and strides[0] < H * P * N:
+                raise InputError(f"{name}: a slot stride of {strides[0]} values is less than one slot's {H * P * N}: "
+                                 "slots would overlap; give each slot its own block")
+        return layers

@@ -16,7 +16,9 @@ state), and the final entry is a sink that absorbs pad rows in the torch impleme
 
 :func:`advance_torch` is plain torch (any device, CUDA-graph capturable, ~10 small launches);
 :func:`advance_triton` is one Triton launch used on CUDA when Triton is installed. Both skip pad
-rows and are checked against :func:`advance_model` (plain Python) in the tests.
+rows, and rows whose slot lies outside the cache or whose accepted count lies outside 1..T (those
+recorded in the kernel's fault record), and are checked against :func:`advance_model` (plain
+Python) in the tests.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ def pad_slot(num_slots: int) -> int:
     return num_slots
 
 
-def advance_torch(ring_start, pnat, slots, accepted, *, tokens: int, max_window: int, pad_slot_id: int,
+def advance_torch(ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int,
                   num_slots: int) -> None:
-    """The rule with torch ops, in place, for the non-pad rows of ``slots``."""
+    """The rule with torch ops, in place, for the rows of ``slots`` that name a slot of the cache
+    with 1 <= accepted <= tokens; the others, if not pad rows, are recorded in ``record``."""
     import torch
 
+    from ssu import faults
+
+    real = (slots >= 0) & (slots < num_slots) & (slots != pad_slot_id)
+    counted = (accepted >= 1) & (accepted <= tokens)
+    faults.record(record, faults.outside(slots, num_slots, pad_slot_id), slots, faults.SLOTS)
+    faults.record(record, real & ~counted, accepted, faults.NUM_ACCEPTED)
     sink = num_slots + 1
-    idx = torch.where(slots == pad_slot_id, torch.full_like(slots, sink), slots).long()
+    idx = torch.where(real & counted, slots, torch.full_like(slots, sink)).long()
     start = ring_start[idx]
     count = pnat[idx]
     acc = accepted.to(pnat.dtype)
@@ -60,16 +69,23 @@ def _triton_kernel():
         import triton.language as tl
 
         @triton.jit
-        def advance_kernel(ring_start, pnat, slots, accepted, batch, pad_slot_id,
+        def advance_kernel(ring_start, pnat, slots, accepted, record, batch, pad_slot_id, num_slots,
                            TOKENS: tl.constexpr, MAX_WINDOW: tl.constexpr, BLOCK: tl.constexpr):
             rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             inside = rows < batch
             slot = tl.load(slots + rows, mask=inside, other=pad_slot_id).to(tl.int64)
-            live = inside & (slot != pad_slot_id)
+            real = inside & (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
+            acc = tl.load(accepted + rows, mask=real, other=1).to(tl.int64)
+            counted = (acc >= 1) & (acc <= TOKENS)
+            outside = inside & ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id)
+            keys = tl.where(outside, (rows.to(tl.int64) << 34) | (slot & 0xFFFFFFFF),
+                            (rows.to(tl.int64) << 34) | (2 << 32) | (acc & 0xFFFFFFFF))
+            tl.atomic_min(record + 0 * rows, keys, mask=outside | (real & ~counted))
+            live = real & counted
             slot = tl.where(live, slot, 0)
             start = tl.load(ring_start + slot, mask=live, other=0)
             count = tl.load(pnat + slot, mask=live, other=0)
-            acc = tl.load(accepted + rows, mask=live, other=0).to(tl.int32)
+            acc = acc.to(tl.int32)
             flush = count + TOKENS > MAX_WINDOW
             new_start = tl.where(flush, (start + count) % (MAX_WINDOW + TOKENS), start)
             new_count = tl.where(flush, acc, count + acc)
@@ -90,11 +106,11 @@ def triton_usable(device_type: str) -> bool:
     return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def advance_triton(ring_start, pnat, slots, accepted, *, tokens: int, max_window: int, pad_slot_id: int,
+def advance_triton(ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int,
                    num_slots: int) -> None:
-    """The rule in one Triton launch (no host synchronisation), in place."""
+    """The rule in one Triton launch (no host synchronisation), in place, with the same guards."""
     batch = slots.shape[0]
     block = 128 if batch > 64 else 64
     grid = ((batch + block - 1) // block,)
-    _triton_kernel()[grid](ring_start, pnat, slots, accepted, batch, pad_slot_id,
+    _triton_kernel()[grid](ring_start, pnat, slots, accepted, record, batch, pad_slot_id, num_slots,
                            TOKENS=tokens, MAX_WINDOW=max_window, BLOCK=block)

@@ -11,12 +11,12 @@ Buffers of a :class:`ssu.State` owned by this backend (Ly layers, S slots, L rin
 
 The logical state of a slot is its checkpoint advanced by the ``pnat`` tokens of the ring that
 start at ``ring_start`` (:func:`replay`, fp32 torch ops). The replay needs each layer's ``A``,
-which the step records (a reference, per layer) in the group's :class:`GroupRecord`.
+which the step records (a reference, per layer) in the group's :class:`GroupRecord`, the
+state's ``record``.
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import attrs
@@ -37,14 +37,9 @@ class GroupRecord:
     pending_slots: Optional[object] = None
 
 
-_records: "weakref.WeakKeyDictionary[State, GroupRecord]" = weakref.WeakKeyDictionary()
-
-
 def record(state: State) -> GroupRecord:
-    rec = _records.get(state)
-    if rec is None:
-        rec = _records[state] = GroupRecord()
-    return rec
+    """The group's host-side record, kept in ``State.record`` (made at allocation)."""
+    return state.record
 
 
 def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
@@ -62,7 +57,7 @@ def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
         "ring_start": torch.zeros(p.num_slots + 2, dtype=torch.int32, device=dev),
         "pnat": torch.zeros(p.num_slots + 2, dtype=torch.int32, device=dev),
     }
-    return State(backend, problem, num_layers, buffers)
+    return State(backend, problem, num_layers, buffers, record=GroupRecord())
 
 
 def replay(checkpoint, x_rows, B_rows, d_rows, A, start, count, ring: int, heads_per_group: int):
@@ -94,7 +89,7 @@ def replay_counts(state: State, slots, layer: int, tokens: int, max_window: int)
     import torch
 
     count = state.buffers["pnat"][slots.long()]
-    rec = _records.get(state)
+    rec = state.record
     if rec is not None and layer in rec.pending_layers and rec.pending_slots is not None:
         stepped = torch.isin(slots.long(), rec.pending_slots.long().to(slots.device))
         flushed = stepped & (count + tokens > max_window)
@@ -133,7 +128,7 @@ def write(state: State, slots, values, layer: int, tokens: int, max_window: int)
     ssm[layer, idx] = values.to(device=ssm.device, dtype=ssm.dtype)
     buf["ring_start"][idx] = 0
     buf["pnat"][idx] = 0
-    rec = _records.get(state)
+    rec = state.record
     if rec is not None and rec.pending_slots is not None:
         rec.pending_layers.clear()
         rec.pending_slots = None

@@ -27,12 +27,13 @@ DSTATES = (64, 128, 192, 256)
 def ssu_backend():
     return ssu.BackendSpec(
         name=NAME,
-        api_version="1.1",
+        api_version="1.2",
         factory=_factory,
         capabilities=ssu.Capabilities(devices={"cuda"}, state_dtypes={"fp32", "bf16", "fp16"}, input_dtypes={"bf16"},
                                       max_tokens_per_step=MAX_WINDOW, speculative=True, headdims=HEADDIMS,
                                       dstates=DSTATES,
-                                      cuda_graphs=True, layers_share_commit=True),
+                                      cuda_graphs=True, layers_share_commit=True, any_pad_slot_id=True,
+                                      guards_slots=True),
         options_class=ReplayOptions,
         description="FlashInfer ReplaySSM (checkpointing_ssu): checkpoint + ring of recent inputs, cursor commits",
         url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_replayssm",
@@ -75,7 +76,7 @@ def ssu_allocate_scratch(ctx):
     """FlashInfer's two-kernel scratch for ``max_batch`` plus index buffers: before any capture."""
     from .translate import allocate_scratch
 
-    return allocate_scratch(ctx.problem, ctx.options)
+    return allocate_scratch(ctx.problem, ctx.options, ctx.faults)
 
 
 @ssu.hookimpl

@@ -3,18 +3,21 @@
 FlashInfer wants the token axis always (x (b, T, H, P)), per-head A, dt, D and dt_bias as
 broadcast views with stride 0 over the head dimension (the flashinfer backend's ``tie_hdim``),
 and D and dt_bias in one dtype (both are
-given in fp32 here, converted once per weight tensor). Pad rows are pointed at the pad slot
-(row ``num_slots``, zero checkpoint, cursors at zero), so that they read a zero state and still
-get their output row, as SPEC.md asks; FlashInfer itself would skip them. :func:`cs_arguments` is
-a pure function so that a CPU test can check it against the installed FlashInfer's signature.
+given in fp32 here, converted once per weight tensor). Pad rows, and rows whose slot lies outside
+the cache (recorded in the kernel's fault record), are pointed at the pad slot (row
+``num_slots``, zero checkpoint, cursors at zero), so that they read a zero state and still get
+their output row, as docs/spec.md asks; FlashInfer itself would skip them, so it is told a pad id
+(-1) that no row carries. :func:`cs_arguments` is a pure function so that a CPU test can check it
+against the installed FlashInfer's signature.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ssu import faults
 from ssu.errors import InputError
-from ssu_backend_flashinfer.translate import tie_hdim
+from ssu_backend_flashinfer.translate import real_ids, record_outside, row_buffers, tie_hdim
 
 from . import cursors, layout
 
@@ -41,7 +44,7 @@ def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias
         **tie_hdim(problem, dt, A, D, dt_bias),
         dt_softplus=dt_softplus,
         state_batch_indices=rows,
-        pad_slot_id=problem.pad_slot_id,
+        pad_slot_id=-1,  # every pad row already points at the pad slot
         algorithm=options.algorithm,
     )
     if scratch_trio is not None:
@@ -50,23 +53,24 @@ def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias
     return kwargs
 
 
-def allocate_scratch(problem, options) -> dict:
+def allocate_scratch(problem, options, record=None) -> dict:
     """Buffers allocated once per kernel, before any CUDA-graph capture: FlashInfer's two-kernel
     scratch (unless ``algorithm = "monolith"``), the cache rows of a step per index dtype, a zero
     D, and ones (the accepted counts of a commit without speculation); plus the kernel's cursor
-    update (``advance``, see :func:`make_advance`)."""
+    update (``advance``, see :func:`make_advance`), which reports refused rows to ``record`` (the
+    kernel's fault record; a private one when None)."""
     p = problem
     dev = p.device
+    record = faults.allocate(dev) if record is None else record
     scratch = {
         "trio": None,
         "rows_for": None,
-        "rows": {dtype: dict(pad=torch.empty(p.max_batch, dtype=torch.bool, device=dev),
-                             rows=torch.empty(p.max_batch, dtype=dtype, device=dev),
+        "rows": {dtype: dict(row_buffers(p, dtype, dev),
                              pad_row=torch.full((), cursors.pad_slot(p.num_slots), dtype=dtype, device=dev))
                  for dtype in (torch.int32, torch.int64)},
         "zero_D": torch.zeros(p.nheads, dtype=torch.float32, device=dev),
         "ones": torch.ones(p.max_batch, dtype=torch.int32, device=dev),
-        "advance": make_advance(p, options),
+        "advance": make_advance(p, options, record),
     }
     if options.algorithm != "monolith" and p.device_type == "cuda":
         from flashinfer.mamba import allocate_checkpointing_ssu_scratch
@@ -76,28 +80,31 @@ def allocate_scratch(problem, options) -> dict:
     return scratch
 
 
-def cache_rows(scratch, problem, slots):
-    """``slots`` with pad ids replaced by the pad slot, written into scratch with ``out=`` ops (no
-    allocation, no host sync); computed at the first layer after each commit and reused by the
-    other layers of the step."""
+def cache_rows(scratch, problem, slots, record):
+    """``slots`` with pad ids, and ids outside the cache (recorded in ``record``), replaced by the
+    pad slot, written into scratch with ``out=`` ops (no allocation, no host sync); computed at the
+    first layer after each commit and reused by the other layers of the step."""
     if scratch["rows_for"] is slots:
-        return scratch["rows"][slots.dtype]["rows"][: slots.shape[0]]
+        return scratch["rows"][slots.dtype]["read"][: slots.shape[0]]
     b = slots.shape[0]
     buf = scratch["rows"][slots.dtype]
-    pad = torch.eq(slots, problem.pad_slot_id, out=buf["pad"][:b])
-    rows = torch.where(pad, buf["pad_row"], slots, out=buf["rows"][:b])
+    real = real_ids(buf, slots, problem.num_slots, problem.pad_slot_id, buf["real"][:b])
+    record_outside(buf, record, slots, real, faults.SLOTS, problem.pad_slot_id)
+    rows = torch.where(real, slots, buf["pad_row"], out=buf["read"][:b])
     scratch["rows_for"] = slots
     return rows
 
 
-def make_advance(problem, options):
-    """The cursor update of one commit, bound to this problem: Triton on CUDA when available."""
+def make_advance(problem, options, record):
+    """The cursor update of one commit, bound to this problem: Triton on CUDA when available.
+    Rows with a slot outside the cache or a count outside 1..T move nothing and are recorded in
+    ``record``."""
     impl = cursors.advance_triton if cursors.triton_usable(problem.device_type) else cursors.advance_torch
     fields = dict(tokens=problem.tokens_per_step, max_window=options.max_window,
                   pad_slot_id=problem.pad_slot_id, num_slots=problem.num_slots)
 
     def advance(state, slots, accepted) -> None:
-        impl(state.buffers["ring_start"], state.buffers["pnat"], slots, accepted, **fields)
+        impl(state.buffers["ring_start"], state.buffers["pnat"], slots, accepted, record, **fields)
 
     return advance
 
@@ -126,9 +133,11 @@ def make_step(ctx):
     multi = p.multi_token
     commits_itself = not p.speculative and options.commit_on_last_layer
     advance = scratch["advance"]
+    record = ctx.faults
     converted = WeightCache()
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
+             dst_slots=None):
         if out is None:
             out = torch.empty_like(x)
         if multi:
@@ -143,7 +152,7 @@ def make_step(ctx):
         D = zero_D if D is None else (D if D.dtype == torch.float32 else converted(D, torch.float32))
         if dt_bias is not None and dt_bias.dtype != torch.float32:
             dt_bias = converted(dt_bias, torch.float32)
-        rows = cache_rows(scratch, p, slots)
+        rows = cache_rows(scratch, p, slots, record)
         checkpointing_ssu(**cs_arguments(p, options, state.buffers, layer, x4, dt3, A, B4, C4, D, z4, dt_bias,
                                          dt_softplus, out4, rows, trio))
         rec = layout.record(state)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
+from ssu import faults
 from ssu.conformance import compare_with_reference, run_conformance
 from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
 from ssu.options import build
@@ -87,7 +88,8 @@ def test_advance_implementations_match_the_rule(impl, tokens, W, batch, pads, in
     for s, a in zip(real.tolist(), accepted.tolist()):
         want_start[s], want_pnat[s] = cursors.advance_model(int(ring_start[s]), int(pnat[s]), a, tokens, W)
     fn = cursors.advance_triton if impl == "triton" else cursors.advance_torch
-    fn(ring_start, pnat, slots, accepted, tokens=tokens, max_window=W, pad_slot_id=-1, num_slots=S)
+    record = faults.allocate("cpu")
+    fn(ring_start, pnat, slots, accepted, record, tokens=tokens, max_window=W, pad_slot_id=-1, num_slots=S)
     assert torch.equal(ring_start[: S + 1], want_start[: S + 1]) and torch.equal(pnat[: S + 1], want_pnat[: S + 1])
     assert ring_start[S] == 0 and pnat[S] == 0, "the pad slot's cursors moved"
 
@@ -147,7 +149,7 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
     state = layout.allocate(p, 2, options.ring_length(tokens), "x")
     slots = pick_slots(p, 3, gen, pad_rows=1)
     scratch = translate.allocate_scratch(p, options)
-    rows = translate.cache_rows(scratch, p, slots)
+    rows = translate.cache_rows(scratch, p, slots, faults.allocate("cpu"))
     assert rows.tolist()[-1] == p.num_slots and rows.tolist()[:2] == slots.tolist()[:2]
     inputs = step_inputs(attrs_evolve(p, speculative=True), slots, gen, tokens=tokens, with_z=with_options)
     D = inputs.D if with_options else scratch["zero_D"]
@@ -177,12 +179,14 @@ def test_cache_rows_are_reused_until_commit(gen):
     p = problem()
     scratch = translate.allocate_scratch(p, ReplayOptions())
     slots = torch.tensor([3, -1, 5], dtype=torch.int32)
-    first = translate.cache_rows(scratch, p, slots)
+    record = faults.allocate("cpu")
+    first = translate.cache_rows(scratch, p, slots, record)
     assert first.tolist() == [3, p.num_slots, 5]
-    assert translate.cache_rows(scratch, p, slots).data_ptr() == first.data_ptr()
+    assert translate.cache_rows(scratch, p, slots, record).data_ptr() == first.data_ptr()
     scratch["rows_for"] = None
     slots[0] = 4
-    assert translate.cache_rows(scratch, p, slots).tolist() == [4, p.num_slots, 5]
+    assert translate.cache_rows(scratch, p, slots, record).tolist() == [4, p.num_slots, 5]
+    assert int(record) == faults.NO_FAULT
 
 
 # the whole backend on the emulated kernel -----------------------------------------------------

@@ -1,13 +1,16 @@
 """Hooks of the ``flashinfer`` backend. Importing this module imports neither torch nor flashinfer.
 
 State layout: the versioned slots of :mod:`ssu.slot_state` (shared with the reference and triton
-backends). Without speculation each slot has one version and FlashInfer updates it in place. With
-speculation (T tokens) each slot has T + 1 versions seen by FlashInfer as ``num_slots * (T + 1)``
-cache rows: the step reads row ``slot * K + cursor`` and writes token t's state to row
+backends), allocated or adopted from an engine. Without speculation each slot has one version and
+FlashInfer updates it in place (or writes ``dst_slots``). With speculation (T tokens) an allocated
+state keeps T + 1 versions per slot, seen by FlashInfer as ``(num_slots + 1) * (T + 1)`` cache
+rows: the step reads row ``slot * K + cursor`` and writes token t's state to row
 ``slot * K + (cursor + 1 + t) % K`` (FlashInfer's ``dst_state_batch_indices``); ``commit`` moves
-the cursor only. The rows are computed (a few tiny torch ops into scratch buffers) at the first
-layer after each commit and reused by the other layers of the step, so a CUDA graph should hold
-whole decode steps (every layer and the commit), as engines capture them.
+the cursor only. On an adopted cache the step writes token t's state to the drafts beside it
+(FlashInfer's intermediate-state buffer, the cache itself left as it was) and ``commit`` copies the
+accepted one in. The rows are guarded and computed (a few tiny torch ops into scratch buffers)
+at the first layer of a step and reused by its other layers (:mod:`.translate`), so a CUDA graph
+should hold whole decode steps (every layer and the commit), as engines capture them.
 """
 
 from __future__ import annotations
@@ -16,14 +19,19 @@ import sys
 import time
 
 import ssu
-from ssu import slot_state
-from ssu.slot_state import ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401  (hooks)
+from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
 
 from .availability import compute_capability, flashinfer_availability
 from .options import FlashInferOptions
 
 NAME = "flashinfer"
 MAX_TOKENS = 16
+#: what FlashInfer 0.7.4 compiles its SSU for, on sm80, sm90 and sm100 alike: it moves each state row
+#: in vectors of N / 32 values and each output row in vectors of P / 32, so P and N start at 32 (a
+#: dstate of 16 fails to build); these are the sizes built and checked against the reference on an
+#: H200 (backends/flashinfer_ssu/tests/test_flashinfer_gpu.py)
+HEADDIMS = (32, 64, 80, 96, 128)
+DSTATES = (32, 64, 96, 128, 256)
 _logged: set = set()
 
 
@@ -38,7 +46,9 @@ def ssu_backend():
         api_version=ssu.PLUGIN_API_VERSION,
         factory=_factory,
         capabilities=ssu.Capabilities(devices={"cuda"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
-                                      stochastic_rounding=True, cuda_graphs=True, torch_compile=True),
+                                      headdims=HEADDIMS, dstates=DSTATES, stochastic_rounding=True,
+                                      cuda_graphs=True, torch_compile=True, adopt_state=True,
+                                      destination_slots=True, any_pad_slot_id=True, guards_slots=True),
         options_class=FlashInferOptions,
         description="FlashInfer selective_state_update (JIT-compiled CUDA), algorithm choice, destination slots",
         url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_ssu",
@@ -90,8 +100,9 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
-    slot_state.commit(state, slots, num_accepted)
-    ctx.scratch["indices_for"] = None  # the next step recomputes its cache rows
+    from .translate import commit
+
+    commit(ctx, state, slots, num_accepted)
 
 
 @ssu.hookimpl
@@ -113,7 +124,7 @@ def _factory(ctx):
     from .translate import make_step
 
     key = (ctx.options.algorithm, ctx.problem.device, ctx.problem.tokens_per_step)
-    if key not in _logged:
+    if key not in _logged and ctx.problem.device_type == "cuda":
         _logged.add(key)
         log(f"algorithm: {describe_algorithm(ctx.options.algorithm, ctx.problem)}")
     return make_step(ctx)

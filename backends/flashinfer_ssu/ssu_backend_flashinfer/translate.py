@@ -2,7 +2,18 @@
 
 FlashInfer wants per-head A, dt, D and dt_bias as broadcast views with stride 0 over the head
 dimension (A (H, P, N), dt (b, [T,] H, P), D and dt_bias (H, P)), a D even when the model has
-none, D and dt_bias in dt's dtype (converted once per weight tensor, see :class:`WeightCache`), and, for several tokens, destination rows per token.
+none, D and dt_bias in dt's dtype (converted once per weight tensor, see :class:`WeightCache`),
+and cache rows: which row each batch row reads (the pad id: none, and then FlashInfer writes none
+either), and for several tokens or destination slots which rows it writes.
+
+The rows are guarded first (:func:`guarded_rows`): an id outside the cache becomes the pad id
+(recorded in the kernel's fault record), and a row with a real slot whose destination is the pad
+id, or outside the cache, writes to a sink: the sink row of an allocated state, or the pad slot of
+an adopted cache whose pad id names one. They are computed with ``out=`` ops into scratch
+buffers (no allocation, no host synchronisation) at the first layer of a step and reused by its
+other layers, while ``slots`` is the same tensor, unmodified; so a CUDA graph should hold whole
+decode steps (every layer and the commit), as engines capture them.
+
 :func:`fi_arguments` is a pure function so that a CPU test can check it against the installed
 FlashInfer's real signature.
 """
@@ -11,11 +22,13 @@ from __future__ import annotations
 
 import time
 import weakref
+from typing import NamedTuple, Optional
 
 import torch
 
+from ssu import faults, slot_state
 from ssu.dtypes import to_torch
-from ssu import slot_state
+from ssu.errors import InputError
 from ssu.slot_state import versions
 
 
@@ -30,8 +43,10 @@ def tie_hdim(problem, dt, A, D, dt_bias) -> dict:
 
 
 def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, read_rows,
-                 dst_rows, seed) -> dict:
-    """Keyword arguments of ``flashinfer.mamba.selective_state_update`` for one call."""
+                 dst_rows, seed, drafts=None) -> dict:
+    """Keyword arguments of ``flashinfer.mamba.selective_state_update`` for one call. ``drafts``
+    (b-indexed by ``read_rows``, (slots, T, H, P, N)): a speculative step on an adopted cache,
+    whose token states go there while the cache is left as it was."""
     kwargs = dict(
         state=state_rows,
         x=x,
@@ -45,11 +60,33 @@ def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt
         out=out,
         algorithm=options.algorithm,
     )
-    if dst_rows is not None:
-        kwargs.update(dst_state_batch_indices=dst_rows, cache_steps=x.shape[1])
+    if drafts is not None:
+        kwargs.update(intermediate_states_buffer=drafts, intermediate_state_indices=read_rows,
+                      disable_state_update=True, cache_steps=x.shape[1])
+    elif dst_rows is not None:
+        kwargs.update(dst_state_batch_indices=dst_rows)
+        if x.dim() == 4:
+            kwargs.update(cache_steps=x.shape[1])
     if seed is not None:
         kwargs.update(rand_seed=seed, philox_rounds=options.philox_rounds)
     return kwargs
+
+
+def row_buffers(problem, dtype, dev) -> dict:
+    """Scratch for guarding and computing one step's cache rows with ``out=`` ops."""
+    b, T = problem.max_batch, problem.tokens_per_step
+    flags = lambda: torch.empty(b, dtype=torch.bool, device=dev)  # noqa: E731
+    return dict(real=flags(), dst_real=flags(), tmp=flags(), keys=torch.empty(b, dtype=torch.int64, device=dev),
+                min_key=torch.empty(1, dtype=torch.int64, device=dev),
+                row_keys=torch.arange(b, dtype=torch.int64, device=dev) << 34,
+                read=torch.empty(b, dtype=dtype, device=dev), dst=torch.empty(b, dtype=dtype, device=dev),
+                safe=torch.empty(b, dtype=dtype, device=dev), cursor=torch.empty(b, dtype=torch.int32, device=dev),
+                base=torch.empty(b, dtype=dtype, device=dev), dst_t=torch.empty(b, T, dtype=dtype, device=dev),
+                steps=torch.arange(1, T + 1, dtype=torch.int32, device=dev),
+                pad=torch.full((), problem.pad_slot_id, dtype=dtype, device=dev),
+                zero=torch.zeros((), dtype=dtype, device=dev),
+                sink=torch.full((), problem.num_slots, dtype=dtype, device=dev),
+                no_fault=torch.full((), faults.NO_FAULT, dtype=torch.int64, device=dev))
 
 
 def allocate_scratch(problem, options) -> dict:
@@ -58,47 +95,110 @@ def allocate_scratch(problem, options) -> dict:
     dev = p.device
     scratch = {"zero_D": {dtype: torch.zeros(p.nheads, dtype=dtype, device=dev)
                           for dtype in {torch.float32, to_torch(p.input_dtype)}},
-               "indices_for": None}
+               "rows_for": None,
+               "rows": {dtype: row_buffers(p, dtype, dev) for dtype in (torch.int32, torch.int64)}}
     if options.stochastic_rounding:
         scratch["seed"] = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(dev)
-    if p.speculative:
-        B, T = p.max_batch, p.tokens_per_step
-        scratch["rows"] = {
-            dtype: dict(valid=torch.empty(B, dtype=torch.bool, device=dev),
-                        safe=torch.empty(B, dtype=dtype, device=dev),
-                        cursor=torch.empty(B, dtype=torch.int32, device=dev),
-                        read=torch.empty(B, dtype=dtype, device=dev),
-                        base=torch.empty(B, dtype=dtype, device=dev),
-                        dst=torch.empty(B, T, dtype=dtype, device=dev),
-                        steps=torch.arange(1, T + 1, dtype=torch.int32, device=dev),
-                        pad=torch.full((), p.pad_slot_id, dtype=dtype, device=dev),
-                        sink=torch.full((), p.num_slots, dtype=dtype, device=dev))
-            for dtype in (torch.int32, torch.int64)}
     return scratch
 
 
-def speculative_rows(scratch, problem, cursor, slots, tokens: int):
-    """Cache rows of a speculative step: read row ``slot*K + cursor`` (pad id for pad rows) and
-    destination rows ``slot*K + (cursor + 1 + t) % K``. Written into scratch buffers with
-    ``out=`` ops (no allocation, no host sync); computed once per step (reused by every layer
-    until ``commit``)."""
-    if scratch["indices_for"] is slots:
-        b = slots.shape[0]
-        buf = scratch["rows"][slots.dtype]
-        return buf["read"][:b], buf["dst"][:b, :tokens]
-    K = versions(problem)
+def real_ids(buf, ids, num_slots: int, pad_slot_id: int, out):
+    """``out`` = ids naming a slot of the cache (not the pad id), with ``out=`` ops."""
+    torch.ge(ids, 0, out=out)
+    torch.lt(ids, num_slots, out=buf["tmp"][: ids.shape[0]])
+    torch.logical_and(out, buf["tmp"][: ids.shape[0]], out=out)
+    torch.ne(ids, pad_slot_id, out=buf["tmp"][: ids.shape[0]])
+    return torch.logical_and(out, buf["tmp"][: ids.shape[0]], out=out)
+
+
+def record_outside(buf, record, ids, real, kind: int, pad_slot_id: int) -> None:
+    """Lower the fault record with the rows of ``ids`` that are neither real nor the pad id."""
+    b = ids.shape[0]
+    bad = buf["tmp"][:b]
+    torch.ne(ids, pad_slot_id, out=bad)
+    torch.logical_xor(bad, real, out=bad)  # not the pad id and not real (real ids are never the pad id)
+    keys = buf["keys"][:b]
+    keys.copy_(ids)
+    keys.bitwise_and_(0xFFFFFFFF).bitwise_or_(buf["row_keys"][:b]).bitwise_or_(kind << 32)
+    torch.where(bad, keys, buf["no_fault"], out=keys)
+    torch.amin(keys, 0, keepdim=True, out=buf["min_key"])
+    torch.minimum(record, buf["min_key"], out=record)
+
+
+class Rows(NamedTuple):
+    """The cache rows of one step: read (b,), and written (b,) or (b, T), or None (FlashInfer's own)."""
+
+    read: object
+    dst: object
+
+
+def guarded_rows(scratch, problem, state, slots, dst_slots, record) -> Rows:
+    """The cache rows a step of ``state`` reads and writes, guarded (see the module docstring)."""
+    dst_version = None if dst_slots is None else dst_slots._version
+    cached = scratch["rows_for"]
+    if (cached is not None and cached[0] is slots and cached[1] == slots._version and cached[2] is dst_slots
+            and cached[3] == dst_version and cached[4] is state):
+        return cached[5]
+    p = problem
     b = slots.shape[0]
     buf = scratch["rows"][slots.dtype]
-    valid = torch.ne(slots, problem.pad_slot_id, out=buf["valid"][:b])
-    safe = torch.where(valid, slots, buf["sink"], out=buf["safe"][:b])
+    real = real_ids(buf, slots, p.num_slots, p.pad_slot_id, buf["real"][:b])
+    record_outside(buf, record, slots, real, faults.SLOTS, p.pad_slot_id)
+    if slot_state.uses_cursor(state):
+        rows = _versioned_rows(buf, p, state.buffers["cursor"], slots, real)
+    else:
+        read = torch.where(real, slots, buf["pad"], out=buf["read"][:b])
+        dst = None
+        if dst_slots is not None:
+            dst_real = real_ids(buf, dst_slots, p.num_slots, p.pad_slot_id, buf["dst_real"][:b])
+            record_outside(buf, record, dst_slots, dst_real, faults.DST_SLOTS, p.pad_slot_id)
+            sink = buf["pad"] if state.adopted else buf["sink"]
+            torch.logical_and(dst_real, real, out=dst_real)
+            dst = torch.where(dst_real, dst_slots, sink, out=buf["dst"][:b])
+        rows = Rows(read, dst)
+    scratch["rows_for"] = (slots, slots._version, dst_slots, dst_version, state, rows)
+    return rows
+
+
+def _versioned_rows(buf, problem, cursor, slots, real) -> Rows:
+    """Rows of a speculative step on an allocated state, seen by FlashInfer as ``(num_slots + 1) *
+    K`` rows: read ``slot * K + cursor`` (the pad id for pad rows) and token t's destination
+    ``slot * K + (cursor + 1 + t) % K``."""
+    K = versions(problem)
+    b = slots.shape[0]
+    safe = torch.where(real, slots, buf["sink"], out=buf["safe"][:b])
     cur = torch.index_select(cursor, 0, safe, out=buf["cursor"][:b])
     base = torch.mul(safe, K, out=buf["base"][:b])
     read = torch.add(base, cur, out=buf["read"][:b])
-    torch.where(valid, read, buf["pad"], out=read)
-    dst = torch.add(cur.unsqueeze(1), buf["steps"][:tokens], out=buf["dst"][:b, :tokens])
+    torch.where(real, read, buf["pad"], out=read)
+    T = buf["dst_t"].shape[1]
+    dst = torch.add(cur.unsqueeze(1), buf["steps"][:T], out=buf["dst_t"][:b, :T])
     dst.remainder_(K).add_(base.unsqueeze(1))
-    scratch["indices_for"] = slots
-    return read, dst
+    return Rows(read, dst)
+
+
+class LayerRows(NamedTuple):
+    """What FlashInfer is handed for one layer of a state: the rows it indexes, and the drafts of a
+    speculative step on an adopted cache (else None)."""
+
+    rows: object
+    drafts: object
+
+
+def layer_rows(state) -> tuple:
+    """Per layer, FlashInfer's view of the state (computed once per state, kept in its record)."""
+    if state.record is None:
+        p = state.problem
+        if state.adopted:
+            drafts = state.buffers.get("draft")
+            state.record = tuple(LayerRows(cache, None if drafts is None else drafts[layer])
+                                 for layer, cache in enumerate(state.cache))
+        else:
+            ssm = state.buffers["ssm"]
+            S1, K = p.num_slots + 1, versions(p)
+            state.record = tuple(LayerRows(ssm[layer].view(S1 * K, p.nheads, p.headdim, p.dstate), None)
+                                 for layer in range(state.num_layers))
+    return state.record
 
 
 class WeightCache:
@@ -119,6 +219,12 @@ class WeightCache:
         return result
 
 
+NO_SINK = ("dst_slots: backend 'flashinfer' writes a row's state wherever its destination points, so a row whose "
+           "destination is the pad id needs a sink row; an adopted cache has none unless the pad id names a slot of "
+           "it. Open the kernel with Problem(pad_slot_id=<a reserved slot>, e.g. 0 for a null block, as vLLM does), "
+           "or step without dst_slots")
+
+
 def make_step(ctx):
     """The step callable of one kernel."""
     from flashinfer.mamba import selective_state_update
@@ -128,25 +234,24 @@ def make_step(ctx):
     scratch = ctx.scratch
     zero_D = scratch["zero_D"]
     seed = scratch.get("seed")
-    S, K, H, P, N = p.num_slots, versions(p), p.nheads, p.headdim, p.dstate
-    speculative = p.speculative
+    record = ctx.faults
     converted = WeightCache()
+    pad_in_cache = p.pad_in_cache
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
+             dst_slots=None):
         if out is None:
             out = torch.empty_like(x)
+        if dst_slots is not None and state.adopted and not pad_in_cache:
+            raise InputError(NO_SINK)
         weight = dt.dtype
         D = zero_D[weight] if D is None else (D if D.dtype == weight else converted(D, weight))
         if dt_bias is not None and dt_bias.dtype != weight:
             dt_bias = converted(dt_bias, weight)
-        ssm = state.buffers["ssm"][layer]
-        if speculative:
-            read, dst = speculative_rows(scratch, p, state.buffers["cursor"], slots, x.shape[1])
-            rows = ssm.view(S * K, H, P, N)
-        else:
-            read, dst, rows = slots, None, ssm.view(S, H, P, N)
-        selective_state_update(**fi_arguments(p, options, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out,
-                                              read, dst, seed))
+        target = layer_rows(state)[layer]
+        rows = guarded_rows(scratch, p, state, slots, dst_slots, record)
+        selective_state_update(**fi_arguments(p, options, target.rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                              out, rows.read, rows.dst, seed, target.drafts))
         if seed is not None:
             seed.add_(1)
         return out
@@ -154,7 +259,13 @@ def make_step(ctx):
     return step
 
 
-def module_is_cached(problem, options, index_dtype: str):
+def commit(ctx, state, slots, num_accepted) -> None:
+    """The cursor move of an allocated state, or the draft copy of an adopted one (torch ops)."""
+    slot_state.commit(state, slots, num_accepted, ctx.faults)
+    ctx.scratch["rows_for"] = None  # the next step recomputes its cache rows
+
+
+def module_is_cached(problem, options, index_dtype: str) -> Optional[bool]:
     """Whether FlashInfer's JIT cache already holds the module this problem needs (None: unknown,
     e.g. after a FlashInfer API change)."""
     try:
@@ -186,14 +297,14 @@ def warm_module(ctx, index_dtype: str) -> tuple:
     name = (f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} "
             f"T={p.tokens_per_step}{' stochastic-rounding' if ctx.options.stochastic_rounding else ''}")
     cached = module_is_cached(p, ctx.options, index_dtype)
-    small = attrs.evolve(p, num_slots=2, max_batch=min(2, p.max_batch))
+    small = attrs.evolve(p, num_slots=2, max_batch=min(2, p.max_batch), pad_slot_id=-1, engine_state=False)
     state = slot_state.allocate(small, 1, "flashinfer")
-    step = make_step(Context(small, ctx.options, ctx.spec, allocate_scratch(small, ctx.options)))
-    slots = torch.tensor([0, p.pad_slot_id][: small.max_batch], dtype=to_torch(index_dtype), device=p.device)
+    step = make_step(Context(small, ctx.options, ctx.spec, allocate_scratch(small, ctx.options),
+                             faults=faults.allocate(p.device)))
+    slots = torch.tensor([0, -1][: small.max_batch], dtype=to_torch(index_dtype), device=p.device)
     t0 = time.perf_counter()
     step(state, **step_inputs(small, slots, torch.Generator().manual_seed(0)).kwargs())
     torch.cuda.synchronize()
     if cached is None:
         cached = time.perf_counter() - t0 < 3.0
     return cached, name
-

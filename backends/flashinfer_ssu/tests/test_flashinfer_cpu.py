@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ssu
+from ssu import faults, slot_state
 from ssu.inputs import pick_slots, step_inputs
 from ssu_backend_flashinfer import availability, plugin, translate
 from ssu_backend_flashinfer.options import FlashInferOptions
@@ -99,23 +100,28 @@ def _fi_signature():
 
 @pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("with_options", [True, False])
-def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_options, gen):
+@pytest.mark.parametrize("adopted", [False, True])
+def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_options, adopted, gen):
     """Our call binds to the installed FlashInfer's selective_state_update and meets the layout
-    rules its C++ checks (broadcast A, dt, D, dt_bias; contiguous heads)."""
+    rules its C++ checks (broadcast A, dt, D, dt_bias; contiguous heads; one index dtype)."""
     spec = tokens > 1
-    p = problem(tokens_per_step=tokens, speculative=spec)
+    p = problem(tokens_per_step=tokens, speculative=spec, pad_slot_id=0 if adopted else -1)
     options = FlashInferOptions(algorithm="simple")
     slots = pick_slots(p, 3, gen, pad_rows=1)
     inputs = step_inputs(p, slots, gen, with_z=with_options)
-    K = tokens + 1 if spec else 1
-    rows = torch.zeros(p.num_slots * K, p.nheads, p.headdim, p.dstate)
+    if adopted:
+        state = slot_state.adopt(p, (torch.zeros(p.num_slots, p.nheads, p.headdim, p.dstate),), "flashinfer")
+    else:
+        state = slot_state.allocate(p, 1, "flashinfer")
     scratch = translate.allocate_scratch(p, options)
-    cursor = torch.zeros(p.num_slots + 1, dtype=torch.int32)
-    read, dst = translate.speculative_rows(scratch, p, cursor, slots, tokens) if spec else (slots, None)
+    dst_slots = None if spec else slots.flip(0)
+    rows = translate.guarded_rows(scratch, p, state, slots, dst_slots, faults.allocate("cpu"))
+    target = translate.layer_rows(state)[0]
     D = inputs.D.to(inputs.dt.dtype) if with_options else scratch["zero_D"][inputs.dt.dtype]
     dt_bias = inputs.dt_bias.to(inputs.dt.dtype) if with_options else None
-    kwargs = translate.fi_arguments(p, options, rows, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, D,
-                                    inputs.z, dt_bias, True, torch.empty_like(inputs.x), read, dst, None)
+    kwargs = translate.fi_arguments(p, options, target.rows, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, D,
+                                    inputs.z, dt_bias, True, torch.empty_like(inputs.x), rows.read, rows.dst, None,
+                                    target.drafts)
     bound = _fi_signature().bind(**kwargs)  # raises TypeError on a renamed or removed argument
     assert bound.arguments["algorithm"] == "simple"
     H, P, N = p.nheads, p.headdim, p.dstate
@@ -127,27 +133,54 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
     assert kwargs["D"].dtype == kwargs["dt"].dtype
     assert kwargs["x"].stride(-2) == P and kwargs["x"].stride(-1) == 1
     assert kwargs["state"].stride()[1:] == (P * N, N, 1)
-    if spec:
+    if spec and adopted:
+        assert kwargs["intermediate_states_buffer"].shape == (p.num_slots, tokens, H, P, N)
+        assert kwargs["disable_state_update"] and kwargs["cache_steps"] == tokens
+    elif spec:
         assert kwargs["dst_state_batch_indices"].shape == (3, tokens) and kwargs["cache_steps"] == tokens
+    else:
+        assert kwargs["dst_state_batch_indices"].shape == (3,) and "cache_steps" not in kwargs
+    if "dst_state_batch_indices" in kwargs:
         assert kwargs["state_batch_indices"].dtype == kwargs["dst_state_batch_indices"].dtype
 
 
-def test_speculative_rows(gen):
+def test_versioned_rows_and_their_reuse(gen):
     p = problem(tokens_per_step=3, speculative=True)
+    state = slot_state.allocate(p, 1, "flashinfer")
     scratch = translate.allocate_scratch(p, FlashInferOptions())
-    cursor = torch.zeros(p.num_slots + 1, dtype=torch.int32)
+    cursor = state.buffers["cursor"]
     cursor[4], cursor[7] = 2, 3
-    slots = torch.tensor([4, -1, 7], dtype=torch.int64)
-    read, dst = translate.speculative_rows(scratch, p, cursor, slots, 3)
+    slots = torch.tensor([4, -1, 7, 12], dtype=torch.int64)
+    record = faults.allocate("cpu")
+    read, dst = translate.guarded_rows(scratch, p, state, slots, None, record)
     K = 4
-    assert read.tolist() == [4 * K + 2, -1, 7 * K + 3]
+    assert read.tolist() == [4 * K + 2, -1, 7 * K + 3, -1]  # slot 12 lies outside the cache: a pad row
     assert dst[0].tolist() == [4 * K + 3, 4 * K + 0, 4 * K + 1]
     assert dst[2].tolist() == [7 * K + 0, 7 * K + 1, 7 * K + 2]
-    again = translate.speculative_rows(scratch, p, cursor, slots, 3)  # cached until commit
-    assert again[0].data_ptr() == read.data_ptr()
-    scratch["indices_for"] = None
-    cursor[4] = 0
-    assert translate.speculative_rows(scratch, p, cursor, slots, 3)[0][0].item() == 4 * K
+    assert faults.decode(int(record)) == (3, faults.SLOTS, 12)
+    again = translate.guarded_rows(scratch, p, state, slots, None, record)  # reused until commit
+    assert again.read.data_ptr() == read.data_ptr()
+    slots[0] = 5  # modified in place: computed again
+    assert translate.guarded_rows(scratch, p, state, slots, None, record).read[0].item() == 5 * K
+
+
+def test_destination_rows_and_sinks(gen):
+    """A destination that is the pad id (or outside the cache) sends the write to the sink row of
+    an allocated state, or to the pad slot of an adopted cache; a pad row writes nowhere."""
+    p = problem()
+    scratch = translate.allocate_scratch(p, FlashInferOptions())
+    record = faults.allocate("cpu")
+    slots = torch.tensor([1, 2, -1, 3], dtype=torch.int32)
+    dst = torch.tensor([5, -1, 6, 40], dtype=torch.int32)
+    owned = slot_state.allocate(p, 1, "flashinfer")
+    rows = translate.guarded_rows(scratch, p, owned, slots, dst, record)
+    assert rows.read.tolist() == [1, 2, -1, 3] and rows.dst.tolist() == [5, 10, 10, 10]
+    assert faults.decode(int(record)) == (3, faults.DST_SLOTS, 40)
+    p0 = problem(pad_slot_id=0)
+    scratch = translate.allocate_scratch(p0, FlashInferOptions())
+    adopted = slot_state.adopt(p0, (torch.zeros(10, 8, 64, 16),), "flashinfer")
+    rows = translate.guarded_rows(scratch, p0, adopted, slots.where(slots != -1, 0), dst.where(dst != -1, 0), record)
+    assert rows.read.tolist() == [1, 2, 0, 3] and rows.dst.tolist() == [5, 0, 0, 0]
 
 
 def test_weights_converted_once_per_tensor():

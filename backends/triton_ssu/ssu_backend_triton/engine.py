@@ -14,7 +14,7 @@ from ssu.slot_state import versions
 
 from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
-from .kernel import launch
+from .kernel import StepConstants, launch
 
 
 class Launcher:
@@ -23,11 +23,13 @@ class Launcher:
         self.options = ctx.options
         self.versions = versions(p)
         self.seed = (ctx.scratch or {}).get("seed")
+        self.faults = ctx.faults
         on_cuda = p.device_type == "cuda"
         self.gpu = torch.cuda.get_device_name(torch.device(p.device)) if on_cuda else "cpu-interpreter"
         self.triton_version = triton.__version__
         self.table: list = [None] * (p.max_batch + 1)
         self._scratch_cursor = None
+        self._scratch_faults = None
         for bucket in tuning.buckets(p.max_batch):
             self.set_bucket(bucket, self.pinned() or tuning.default_config(p, bucket))
         if on_cuda and self.pinned() is None:  # reuse what an earlier process tuned
@@ -63,30 +65,32 @@ class Launcher:
         return tuning.cache_key(self.problem, bucket, self.gpu, self.triton_version, self.options.stochastic_rounding)
 
     # the step ------------------------------------------------------------------------------------
-    def make_step(self):
+    def constants(self, cursor: bool) -> StepConstants:
         p = self.problem
+        return StepConstants(p.pad_slot_id, p.num_slots, p.heads_per_group, p.speculative, cursor, self.versions,
+                             self.options.stochastic_rounding, self.options.philox_rounds)
+
+    def make_step(self):
         table = self.table
         seed = self.seed
-        consts = dict(pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
-                      versions=self.versions, stochastic=self.options.stochastic_rounding,
-                      philox_rounds=self.options.philox_rounds)
+        faults = self.faults
+        consts = {True: self.constants(True), False: self.constants(False)}  # allocated / adopted speculative
         is_compiling = torch.compiler.is_compiling
         op = torch.ops.ssu_triton.step
 
-        def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+        def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
+                 dst_slots=None):
             if out is None:
                 out = torch.empty_like(x)
-            block_p, num_warps, tiles, stages, maxnreg, pdl, branchless = table[x.shape[0]]
-            buffers = state.buffers
-            cursor = buffers.get("cursor")
+            schedule = table[x.shape[0]]
+            read, write = state.views[layer]
+            cursor = state.buffers.get("cursor")
             if is_compiling():
-                op(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                   block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg,
-                   pdl=pdl, branchless=branchless, **consts)
+                op(read, None if write is read else write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus,
+                   out, seed, dst_slots, faults, list(consts[cursor is not None]), list(schedule))
             else:
-                launch(buffers["ssm"], cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed,
-                       block_p=block_p, num_warps=num_warps, tiles=tiles, stages=stages, maxnreg=maxnreg,
-                       pdl=pdl, branchless=branchless, **consts)
+                launch(read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots,
+                       faults, consts[cursor is not None], schedule)
             if seed is not None:
                 seed.add_(1)
             return out
@@ -95,18 +99,19 @@ class Launcher:
 
     # warmup helpers ------------------------------------------------------------------------------
     def run_scratch(self, config, ssm, slots, inputs, out) -> None:
-        """One launch on scratch state ``ssm`` (1, S, K, H, P, N) with the given config."""
+        """One launch on scratch state ``ssm`` (S, K, H, P, N) with the given config (its own fault
+        record: the scratch slots are all real)."""
         p = self.problem
         cursor = None
         if p.speculative:
-            if self._scratch_cursor is None or self._scratch_cursor.numel() < ssm.shape[1] + 1:
-                self._scratch_cursor = torch.zeros(ssm.shape[1] + 1, dtype=torch.int32, device=ssm.device)
+            if self._scratch_cursor is None or self._scratch_cursor.numel() < ssm.shape[0] + 1:
+                self._scratch_cursor = torch.zeros(ssm.shape[0] + 1, dtype=torch.int32, device=ssm.device)
             cursor = self._scratch_cursor
-        launch(ssm, cursor, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
-               inputs.dt_bias, inputs.dt_softplus, out, self.seed,
-               pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
-               versions=self.versions, **config._asdict(), stochastic=self.options.stochastic_rounding,
-               philox_rounds=self.options.philox_rounds)
+        if self._scratch_faults is None:
+            self._scratch_faults = torch.zeros(1, dtype=torch.int64, device=ssm.device)
+        consts = self.constants(cursor is not None)._replace(num_slots=ssm.shape[0], pad_slot_id=-1)
+        launch(ssm, ssm, cursor, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
+               inputs.dt_bias, inputs.dt_softplus, out, self.seed, None, self._scratch_faults, consts, config)
 
     def compile_all(self) -> None:
         """Compile every configuration in the table for int32 and int64 slots (on scratch), so that
@@ -115,10 +120,9 @@ class Launcher:
 
         p = self.problem
         gen = torch.Generator().manual_seed(0)
-        ssm = torch.zeros(1, 2, self.versions, p.nheads, p.headdim, p.dstate, device=p.device,
-                          dtype=self._state_dtype())
+        ssm = torch.zeros(2, self.versions, p.nheads, p.headdim, p.dstate, device=p.device, dtype=self._state_dtype())
         for index_dtype in (torch.int32, torch.int64):
-            slots = torch.tensor([0, p.pad_slot_id], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
+            slots = torch.tensor([0, -1], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
             inputs = step_inputs(p, slots, gen)
             out = torch.empty_like(inputs.x)
             for config in sorted(set(c for c in self.table if c is not None)):

@@ -1,9 +1,16 @@
-"""The Triton SSU kernel (written from SPEC.md) and its launcher.
+"""The Triton SSU kernel (written from docs/spec.md) and its launcher.
 
 A program updates ``TILES`` tiles of ``BLOCK_P x N`` values of one head of one sequence: it reads
 each tile of the slot's current state once, applies the step's T tokens in fp32 registers, writes
-each token's state once (to version ``(c + 1 + t) % K`` when speculative, in place otherwise) and
-writes the outputs. Pad rows read a zero state and write none. Two shapes, chosen per batch by
+each token's state once and writes the outputs. States are read from one (slots, versions, H, P,
+N) view and written to another (:class:`ssu.slot_state.LayerViews`): the same tensor for a state
+the backend allocated (version ``(c + 1 + t) % K`` when speculative, in place otherwise), an
+engine's adopted cache, or, for a speculative step on an adopted cache, draft ``t`` beside it.
+Rows read from ``slots`` and write to ``dst_slots`` (the same slots when absent). A row whose slot
+is the pad id, or lies outside the cache, reads a zero state and writes none; one whose destination
+is writes none;
+ids outside the cache are recorded in the kernel's fault record (:mod:`ssu.faults`) by one program
+of the row. Two shapes, chosen per batch by
 tuning: ``TILES = 1``, one program per tile, grid (P blocks, heads, batch), neighbouring programs
 on neighbouring memory; ``TILES > 1``, a program loops over its tiles while Triton's pipeliner
 copies the next ``STAGES - 1`` tiles into shared memory (cp.async): more bytes in flight per
@@ -28,6 +35,7 @@ first loads and its pipelined state copies, so the state reads started a memory 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -98,19 +106,19 @@ def _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N: tl.constexp
 
 
 @triton.jit
-def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row, head,
-          group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b, dt_t, dt_h,
-          B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p, has_d, has_z,
-          softplus, T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
-          SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
+def _rows(write_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, write_rows, wbase, cur, row,
+          head, group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b, dt_t,
+          dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, w_ver, s_p, has_d,
+          has_z, softplus, T: tl.constexpr, K: tl.constexpr, P: tl.constexpr, N: tl.constexpr, EVEN_N: tl.constexpr,
+          SPECULATIVE: tl.constexpr, CURSOR: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr,
           BRANCHLESS: tl.constexpr, B_IN_TILE: tl.constexpr):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
     loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with
-    ``B_IN_TILE``). Each later token's inputs are loaded before the earlier token's stores, so
-    their latency overlaps (the compiler may not move a load past a store to memory it cannot
-    prove distinct)."""
+    ``B_IN_TILE``), storing to ``wbase`` (``write_rows`` 0: nowhere). Each later token's inputs
+    are loaded before the earlier token's stores, so their latency overlaps (the compiler may not
+    move a load past a store to memory it cannot prove distinct)."""
     mask_p = offs_p < P
-    state_mask = _state_mask(offs_p, offs_n, state_rows, N, EVEN_N)
+    state_mask = _state_mask(offs_p, offs_n, write_rows, N, EVEN_N)
     tile = offs_p[:, None] * s_p + offs_n[None, :]
     s = s_raw.to(tl.float32)
     d, x, zv, Bv, Cv = d0, x0, z0, B0, C0
@@ -140,24 +148,26 @@ def _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, 
                 bits = s.to(tl.uint32, bitcast=True) + noise
                 stored = bits.to(tl.float32, bitcast=True).to(tl.float16, fp_downcast_rounding="rtz")
             else:
-                stored = s.to(ssm_ptr.dtype.element_ty)
-            if SPECULATIVE:
-                dest = (cur + 1 + t) % K
+                stored = s.to(write_ptr.dtype.element_ty)
+            if SPECULATIVE and CURSOR:
+                dest = (cur + 1 + t) % K  # the versions of an allocated state
+            elif SPECULATIVE:
+                dest = t  # the drafts beside an adopted cache
             else:
                 dest = 0
-            tl.store(base + dest * s_ver + tile, stored, mask=state_mask)
+            tl.store(wbase + dest * w_ver + tile, stored, mask=state_mask)
 
 
-# ``layer_offset`` must stay specialised: its divisibility by 16 (with the strides') is what lets
-# Triton prove that state tiles are 16-byte aligned and move them in 16-byte vectors. Left out of
-# the specialisation, a bf16 state moved in 2-byte accesses at 128 registers a thread (65 % of the
-# H200's bandwidth instead of 90 %).
-@triton.jit(do_not_specialize=["pad_slot_id", "has_d", "has_z", "has_dt_bias", "softplus"])
+# The strides stay specialised: their divisibility by 16 (with the views' 16-byte aligned data
+# pointers) is what lets Triton prove that state tiles are 16-byte aligned and move them in 16-byte
+# vectors. Left out of the specialisation, a bf16 state moved in 2-byte accesses at 128 registers a
+# thread (65 % of the H200's bandwidth instead of 90 %).
+@triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "has_d", "has_z", "has_dt_bias", "softplus"])
 def ssu_kernel(
-    ssm_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr,
-    seed_ptr,
-    pad_slot_id, layer_offset,
-    s_slot, s_ver, s_head, s_p,
+    read_ptr, write_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, dst_ptr, D_ptr, z_ptr,
+    dt_bias_ptr, out_ptr, seed_ptr, faults_ptr,
+    pad_slot_id, num_slots,
+    r_slot, r_ver, w_slot, w_ver, s_head, s_p,
     x_b, x_t, x_h, x_p,
     dt_b, dt_t, dt_h,
     B_b, B_t, B_g, B_n,
@@ -167,8 +177,9 @@ def ssu_kernel(
     has_d, has_z, has_dt_bias, softplus,
     T: tl.constexpr, K: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     P: tl.constexpr, N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    TILES: tl.constexpr, STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, STOCHASTIC: tl.constexpr,
-    PHILOX_ROUNDS: tl.constexpr, PDL: tl.constexpr, BRANCHLESS: tl.constexpr,
+    TILES: tl.constexpr, STAGES: tl.constexpr, SPECULATIVE: tl.constexpr, CURSOR: tl.constexpr,
+    HAS_DST: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr, PDL: tl.constexpr,
+    BRANCHLESS: tl.constexpr,
 ):
     if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
         tl.extra.cuda.gdc_launch_dependents()
@@ -179,14 +190,28 @@ def ssu_kernel(
     group = head // HEADS_PER_GROUP
 
     slot = tl.load(slots_ptr + row).to(tl.int64)
-    valid = slot != pad_slot_id
+    valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
+    if HAS_DST:
+        dst = tl.load(dst_ptr + row).to(tl.int64)
+        dst_valid = valid & (dst >= 0) & (dst < num_slots) & (dst != pad_slot_id)  # a pad row writes nothing
+    else:
+        dst = slot
+        dst_valid = valid
+    if (pid_p == 0) & (head == 0):  # one program of the row records an id outside the cache
+        if ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id):
+            tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (slot & 0xFFFFFFFF))
+        if HAS_DST:
+            if ((dst < 0) | (dst >= num_slots)) & (dst != pad_slot_id):
+                tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (1 << 32) | (dst & 0xFFFFFFFF))
     safe_slot = tl.where(valid, slot, 0)
     state_rows = tl.where(valid, P, 0)
-    if SPECULATIVE:
+    write_rows = tl.where(dst_valid, P, 0)
+    if CURSOR:
         cur = tl.load(cursor_ptr + safe_slot).to(tl.int64)
     else:
         cur = 0
-    base = ssm_ptr + layer_offset + safe_slot * s_slot + head * s_head
+    rbase = read_ptr + safe_slot * r_slot + head * s_head
+    wbase = write_ptr + tl.where(dst_valid, dst, 0) * w_slot + head * s_head
 
     a = tl.load(A_ptr + head).to(tl.float32)
     if BRANCHLESS:
@@ -200,7 +225,7 @@ def ssu_kernel(
         if has_dt_bias:
             bias = tl.load(dt_bias_ptr + head).to(tl.float32)
     seed = 0
-    element = (slot * 65599 + head * P * N).to(tl.uint32)
+    element = (dst * 65599 + head * P * N).to(tl.uint32)
     if STOCHASTIC:
         seed = tl.load(seed_ptr)
     offs_n = tl.arange(0, BLOCK_N)
@@ -212,22 +237,23 @@ def ssu_kernel(
                                        C_n, z_b, z_t, z_h, z_p, has_z, softplus, P, N, EVEN_N, BRANCHLESS, TILES > 1)
 
     if TILES == 1:  # one program per tile
-        s_raw = _load_tile(base, cur, s_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N)
-        _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, first + rows, offs_n, state_rows, base, cur, row,
-              head, group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
-              dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver, s_p,
-              has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, BRANCHLESS, False)
+        s_raw = _load_tile(rbase, cur, r_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N)
+        _rows(write_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, first + rows, offs_n, write_rows, wbase, cur,
+              row, head, group, a, d_skip, bias, element, seed, s_raw, x0, z0, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
+              dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, w_ver, s_p,
+              has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, CURSOR, STOCHASTIC, PHILOX_ROUNDS, BRANCHLESS,
+              False)
     else:  # TILES tiles in a loop whose state loads Triton pipelines STAGES deep through shared memory
         for i in tl.range(0, TILES, num_stages=STAGES):
             offs_p = first + i * BLOCK_P + rows
             x_i, z_i = _row_inputs(x_ptr, z_ptr, offs_p, row, head, 0, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z,
                                    P, BRANCHLESS)
-            s_raw = _load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
-            _rows(ssm_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, state_rows, base, cur, row,
-                  head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p, dt_b,
-                  dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p, s_ver,
-                  s_p, has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, STOCHASTIC, PHILOX_ROUNDS, BRANCHLESS,
-                  True)
+            s_raw = _load_tile(rbase, cur, r_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
+            _rows(write_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, z_ptr, out_ptr, offs_p, offs_n, write_rows, wbase, cur,
+                  row, head, group, a, d_skip, bias, element, seed, s_raw, x_i, z_i, d0, B0, C0, x_b, x_t, x_h, x_p,
+                  dt_b, dt_t, dt_h, B_b, B_t, B_g, B_n, C_b, C_t, C_g, C_n, z_b, z_t, z_h, z_p, o_b, o_t, o_h, o_p,
+                  w_ver, s_p, has_d, has_z, softplus, T, K, P, N, EVEN_N, SPECULATIVE, CURSOR, STOCHASTIC,
+                  PHILOX_ROUNDS, BRANCHLESS, True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -247,21 +273,34 @@ def _strides(t, lead: int):
     return (st[0], 0) + st[1:] if lead == 1 else st
 
 
-def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, *,
-           pad_slot_id: int, heads_per_group: int, speculative: bool, versions: int, block_p: int, num_warps: int,
-           tiles: int = 1, stages: int = 0, maxnreg: int = 0, pdl: int = 0, branchless: int = 0,
-           stochastic: bool = False, philox_rounds: int = 10):
-    """Launch one step for one layer; ``ssm`` is the whole (L, S, K, H, P, N) cache. The schedule:
-    ``block_p`` rows per tile, ``num_warps``, ``tiles`` per program and the ``stages`` of its
-    pipelined loop (see the module docstring). Returns Triton's handle of the compiled kernel (its
-    PTX and register count are what tests and the schedule probe inspect). ``maxnreg`` caps the
-    registers per thread (0: the compiler's choice), which sets how many programs, hence how many
-    bytes in flight, fit on an SM. ``pdl`` launches with programmatic dependent launch (ignored
-    below compute capability 9.0 and in the interpreter): the program lets the next kernel be
-    scheduled at once and waits for the previous kernel to finish before it reads anything, so
-    the launch of one step overlaps the drain of the kernel before it when both take part.
-    ``branchless`` loads the optional inputs with predicated loads instead of uniform branches
-    (see the module docstring)."""
+class StepConstants(NamedTuple):
+    """What a kernel's every launch shares: from the problem, the state's layout and the options."""
+
+    pad_slot_id: int
+    num_slots: int
+    heads_per_group: int
+    speculative: bool
+    cursor: bool        # speculative versions found through a cursor (an allocated state)
+    versions: int
+    stochastic: bool
+    philox_rounds: int
+
+
+def launch(read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults,
+           consts: StepConstants, schedule):
+    """Launch one step of one layer: states read from ``read`` and written to ``write``, both
+    (slots, versions, H, P, N) views (:class:`ssu.slot_state.LayerViews`); ``schedule`` a
+    :class:`~ssu_backend_triton.tuning.Schedule`: ``block_p`` rows per tile, ``num_warps``,
+    ``tiles`` per program and the ``stages`` of its pipelined loop (see the module docstring),
+    ``maxnreg`` a cap on registers per thread (0: the compiler's choice; it sets how many
+    programs, hence how many bytes in flight, fit on an SM), ``pdl`` for programmatic dependent
+    launch (ignored below compute capability 9.0 and in the interpreter: the program lets the
+    next kernel be scheduled at once and waits for the previous kernel to finish before it reads
+    anything, so the launch of one step overlaps the drain of the kernel before it) and
+    ``branchless`` (the optional inputs loaded with predicated loads instead of uniform
+    branches). Returns Triton's handle of the compiled kernel (its PTX and register count are
+    what tests and the schedule probe inspect)."""
+    block_p, num_warps, tiles, stages, maxnreg, pdl, branchless = schedule
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -274,15 +313,16 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
     Cs = _strides(C, lead)
     zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
     os_ = _strides(out, lead)
-    s = ssm.stride()
+    rs = read.stride()
+    ws = write.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
-    pdl = bool(pdl) and _pdl_capable(ssm.device)
+    pdl = bool(pdl) and _pdl_capable(read.device)
     return ssu_kernel[grid](
-        ssm, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
-        D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A, out,
-        seed if seed is not None else slots,
-        pad_slot_id, layer * s[0],
-        s[1], s[2], s[3], s[4],
+        read, write, cursor if cursor is not None else slots, x, dt, A, B, C, slots,
+        dst_slots if dst_slots is not None else slots, D if D is not None else A, z if z is not None else x,
+        dt_bias if dt_bias is not None else A, out, seed if seed is not None else slots, faults,
+        consts.pad_slot_id, consts.num_slots,
+        rs[0], rs[1], ws[0], ws[1], rs[2], rs[3],
         xs[0], xs[1], xs[2], xs[3],
         dts[0], dts[1], dts[2],
         Bs[0], Bs[1], Bs[2], Bs[3],
@@ -290,34 +330,48 @@ def launch(ssm, cursor, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus
         zs[0], zs[1], zs[2], zs[3],
         os_[0], os_[1], os_[2], os_[3],
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
-        T=T, K=versions, HEADS_PER_GROUP=heads_per_group, P=P, N=N, BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, TILES=tiles,
-        STAGES=stages,
-        SPECULATIVE=speculative, STOCHASTIC=stochastic,
-        PHILOX_ROUNDS=philox_rounds, PDL=pdl, BRANCHLESS=bool(branchless), num_warps=num_warps,
-        maxnreg=maxnreg or None, launch_pdl=pdl,
+        T=T, K=consts.versions, HEADS_PER_GROUP=consts.heads_per_group, P=P, N=N, BLOCK_P=block_p,
+        BLOCK_N=triton.next_power_of_2(N), EVEN_N=triton.next_power_of_2(N) == N, TILES=tiles, STAGES=stages,
+        SPECULATIVE=consts.speculative, CURSOR=consts.cursor, HAS_DST=dst_slots is not None,
+        STOCHASTIC=consts.stochastic, PHILOX_ROUNDS=consts.philox_rounds, PDL=pdl, BRANCHLESS=bool(branchless),
+        num_warps=num_warps, maxnreg=maxnreg or None, launch_pdl=pdl,
     )
 
 
-@triton.jit(do_not_specialize=["batch", "pad_slot_id"])
-def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, batch, pad_slot_id, K: tl.constexpr, BLOCK: tl.constexpr,
-                  PDL: tl.constexpr):
-    """cursor[slot] = (cursor[slot] + num_accepted) % K for every non-pad row: one launch. With
+@triton.jit
+def _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots, T: tl.constexpr):
+    """The rows of a commit that move (a real slot, 1 <= accepted <= T), and their slots and counts;
+    the others, when their slot lies outside the cache or their count outside 1..T, recorded."""
+    in_batch = offs < batch
+    slot = tl.load(slots_ptr + offs, mask=in_batch, other=pad_slot_id).to(tl.int64)
+    real = in_batch & (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
+    accepted = tl.load(accepted_ptr + offs, mask=real, other=1).to(tl.int64)
+    counted = (accepted >= 1) & (accepted <= T)
+    outside = in_batch & ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id)
+    keys = tl.where(outside, (offs.to(tl.int64) << 34) | (slot & 0xFFFFFFFF),
+                    (offs.to(tl.int64) << 34) | (2 << 32) | (accepted & 0xFFFFFFFF))
+    tl.atomic_min(faults_ptr + 0 * offs, keys, mask=outside | (real & ~counted))
+    return real & counted, tl.where(real, slot, 0), accepted
+
+
+@triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots"])
+def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, faults_ptr, batch, pad_slot_id, num_slots,
+                  K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """cursor[slot] = (cursor[slot] + num_accepted) % K for every row that moves: one launch. With
     ``PDL``, as the step: the next kernel may be scheduled at once, nothing is read before the
     previous kernel (the step that read these cursors) has finished."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = offs < batch
-    slot = tl.load(slots_ptr + offs, mask=in_batch, other=pad_slot_id).to(tl.int64)
-    valid = in_batch & (slot != pad_slot_id)
-    accepted = tl.load(accepted_ptr + offs, mask=valid, other=0)
-    cur = tl.load(cursor_ptr + slot, mask=valid, other=0)
-    tl.store(cursor_ptr + slot, ((cur + accepted) % K).to(cursor_ptr.dtype.element_ty), mask=valid)
+    moved, slot, accepted = _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots,
+                                         K - 1)
+    cur = tl.load(cursor_ptr + slot, mask=moved, other=0)
+    tl.store(cursor_ptr + slot, ((cur + accepted) % K).to(cursor_ptr.dtype.element_ty), mask=moved)
 
 
-def commit(cursor, slots, num_accepted, *, pad_slot_id: int, versions: int, pdl: bool = False):
+def commit(cursor, slots, num_accepted, faults, *, pad_slot_id: int, num_slots: int, versions: int,
+           pdl: bool = False):
     """Move the cursors of a speculative step's slots (a single launch, graph capturable), with
     programmatic dependent launch where ``pdl`` asks and the GPU has it (compute capability 9.0
     or newer), so that in a graph the commit and the next step do not each wait for a launch.
@@ -325,5 +379,45 @@ def commit(cursor, slots, num_accepted, *, pad_slot_id: int, versions: int, pdl:
     b = slots.shape[0]
     block = min(1024, triton.next_power_of_2(b))
     pdl = bool(pdl) and _pdl_capable(cursor.device)
-    return commit_kernel[(triton.cdiv(b, block),)](cursor, slots, num_accepted, b, pad_slot_id, K=versions,
-                                                   BLOCK=block, PDL=pdl, launch_pdl=pdl)
+    return commit_kernel[(triton.cdiv(b, block),)](cursor, slots, num_accepted, faults, b, pad_slot_id, num_slots,
+                                                   K=versions, BLOCK=block, PDL=pdl, launch_pdl=pdl)
+
+
+@triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots"])
+def copy_drafts_kernel(cache_ptr, draft_ptr, slots_ptr, accepted_ptr, faults_ptr, batch, pad_slot_id, num_slots,
+                       c_slot, d_slot, d_ver, T: tl.constexpr, NUMEL: tl.constexpr, BLOCK: tl.constexpr,
+                       RECORD: tl.constexpr):
+    """cache[slot] = draft[slot, accepted - 1] for the row of this program, if it moves; with
+    ``RECORD`` (the first layer of the commit) the refused rows are recorded too."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    offs = row + tl.arange(0, 1)
+    if RECORD:
+        moved, slot, accepted = _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id,
+                                             num_slots, T)
+    else:
+        in_batch = offs < batch
+        slot = tl.load(slots_ptr + offs).to(tl.int64)
+        accepted = tl.load(accepted_ptr + offs).to(tl.int64)
+        moved = in_batch & (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id) & (accepted >= 1) & (accepted <= T)
+        slot = tl.where(moved, slot, 0)
+    moved = tl.sum(moved.to(tl.int32), axis=0) > 0
+    slot = tl.sum(slot, axis=0)
+    pick = tl.sum(tl.where(moved, accepted - 1, 0), axis=0)
+    if moved:
+        elems = block * BLOCK + tl.arange(0, BLOCK)
+        mask = elems < NUMEL
+        values = tl.load(draft_ptr + slot * d_slot + pick * d_ver + elems, mask=mask)
+        tl.store(cache_ptr + slot * c_slot + elems, values, mask=mask)
+
+
+def copy_drafts(cache, draft, slots, num_accepted, faults, *, pad_slot_id: int, num_slots: int, record: bool):
+    """Commit of a speculative step on an adopted cache: one layer's accepted drafts copied into the
+    engine's tensor (a launch per layer; graph capturable)."""
+    b = slots.shape[0]
+    numel = cache[0].numel()
+    block = min(4096, triton.next_power_of_2(numel))
+    grid = (b, triton.cdiv(numel, block))
+    return copy_drafts_kernel[grid](cache, draft, slots, num_accepted, faults, b, pad_slot_id, num_slots,
+                                    cache.stride(0), draft.stride(0), draft.stride(1), T=draft.shape[1],
+                                    NUMEL=numel, BLOCK=block, RECORD=record)

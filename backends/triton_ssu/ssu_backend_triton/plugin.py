@@ -9,7 +9,7 @@ import time
 
 import ssu
 from ssu import slot_state
-from ssu.slot_state import ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401  (hooks)
+from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
 
 from .options import TritonOptions
 
@@ -34,7 +34,9 @@ def ssu_backend():
         api_version=ssu.PLUGIN_API_VERSION,
         factory=_factory,
         capabilities=ssu.Capabilities(devices={"cuda", "cpu"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
-                                      stochastic_rounding=True, cuda_graphs=True, torch_compile=True),
+                                      stochastic_rounding=True, cuda_graphs=True, torch_compile=True,
+                                      adopt_state=True, destination_slots=True, any_pad_slot_id=True,
+                                      guards_slots=True),
         options_class=TritonOptions,
         description="Triton SSU kernel: one state read and T writes per sequence, tuned per batch bucket",
         url="https://github.com/ssu-project/ssu/tree/main/backends/triton_ssu",
@@ -92,12 +94,20 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
-    """The cursor move of :mod:`ssu.slot_state` as one Triton launch (no state is copied), with
-    programmatic dependent launch unless the options turn it off."""
-    from .kernel import commit
+    """An allocated state: the cursor move of :mod:`ssu.slot_state` as one Triton launch (no state
+    is copied), with programmatic dependent launch unless the options turn it off. An adopted
+    cache: the accepted drafts copied into the engine's tensors, a launch per layer."""
+    from .kernel import commit, copy_drafts
 
-    commit(state.buffers["cursor"], slots, num_accepted, pad_slot_id=ctx.problem.pad_slot_id,
-           versions=slot_state.versions(ctx.problem), pdl=ctx.options.programmatic_launch is not False)
+    p = ctx.problem
+    if slot_state.uses_cursor(state):
+        commit(state.buffers["cursor"], slots, num_accepted, ctx.faults, pad_slot_id=p.pad_slot_id,
+               num_slots=p.num_slots, versions=slot_state.versions(p), pdl=ctx.options.programmatic_launch is not False)
+        return
+    draft = state.buffers["draft"]
+    for layer, cache in enumerate(state.cache):
+        copy_drafts(cache, draft[layer], slots, num_accepted, ctx.faults, pad_slot_id=p.pad_slot_id,
+                    num_slots=p.num_slots, record=layer == 0)
 
 
 @ssu.hookimpl

@@ -127,7 +127,7 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
     p = problem
-    return (f"{gpu}|triton {triton_version}|kernel v7|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
+    return (f"{gpu}|triton {triton_version}|kernel v8|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
             f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
             f"{' sr' if stochastic else ''}|batch {bucket}")
 
@@ -191,7 +191,7 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     sets = max(1, min(16, -(-COLD_BYTES // (slot_bytes * bucket)), SCRATCH_LIMIT // (slot_bytes * bucket)))
     gen = torch.Generator().manual_seed(bucket)
     total = sets * bucket
-    scratch = torch.empty(1, total, K, p.nheads, p.headdim, p.dstate, device=p.device,
+    scratch = torch.empty(total, K, p.nheads, p.headdim, p.dstate, device=p.device,
                           dtype=to_torch(p.state_dtype)).normal_(generator=None)
     slot_sets = [torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)]
     inputs = [step_inputs(p, s, gen) for s in slot_sets]

@@ -1,4 +1,4 @@
-"""The ``reference`` backend: pure PyTorch, every feature of SPEC.md, any device torch supports.
+"""The ``reference`` backend: pure PyTorch, every feature of docs/spec.md, any device torch supports.
 
 It is the correctness oracle of every other backend (and is itself tested against the float64
 statement in :mod:`ssu.oracle`). Registered through ssu-core's own ``ssu.backends`` entry point,
@@ -25,7 +25,9 @@ def ssu_backend():
         name=NAME,
         api_version=PLUGIN_API_VERSION,
         factory=_factory,
-        capabilities=Capabilities(devices={"cpu", "cuda", "mps", "xpu"}, max_tokens_per_step=64, speculative=True),
+        capabilities=Capabilities(devices={"cpu", "cuda", "mps", "xpu"}, max_tokens_per_step=64, speculative=True,
+                                  adopt_state=True, destination_slots=True, any_pad_slot_id=True,
+                                  guards_slots=True),
         description="pure PyTorch reference (fp32 math); the correctness oracle, works anywhere",
         url="https://github.com/ssu-project/ssu",
         priority=-1000,
@@ -40,4 +42,5 @@ def ssu_probe(device):
 
 
 # state, commit, read and write: the versioned-slot layout shared with the other built-in backends
-from ..slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state  # noqa: E402,F401
+from ..slot_state import (ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state,  # noqa: E402,F401
+                          ssu_write_state)

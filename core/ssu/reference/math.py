@@ -1,7 +1,9 @@
-"""The reference step: SPEC.md's equations in plain PyTorch, fp32 arithmetic, any device.
+"""The reference step: the equations of docs/spec.md in plain PyTorch, fp32 arithmetic, any device.
 
 Within one step the T tokens of a sequence chain in fp32; each token's state is written to the
-cache rounded to its dtype (round to nearest). Slow on purpose: it is the oracle, not a contender.
+cache rounded to its dtype (round to nearest). A row reads a zero state when its slot is the pad
+id or outside the cache (the latter recorded in the kernel's fault record) and then writes no state;
+a row with a real slot writes none when its destination is the pad id or outside the cache. Slow on purpose: it is the oracle, not a contender.
 """
 
 from __future__ import annotations
@@ -9,18 +11,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import slot_state
+from .. import faults, slot_state
 
 
 def make_step(ctx):
     """Factory of the reference backend: the step callable for one kernel."""
     p = ctx.problem
     hpg = p.heads_per_group
-    pad = p.pad_slot_id
+    S, pad = p.num_slots, p.pad_slot_id
     speculative = p.speculative
     K = slot_state.versions(p)
+    record = ctx.faults
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0):
+    def rows_of(ids, kind):
+        """(real-row mask, ids made safe to index with) of ``ids``; ids outside the cache recorded."""
+        if record is not None:
+            faults.record(record, faults.outside(ids, S, pad), ids, kind)
+        real = slot_state.real_rows(p, ids)
+        return real, torch.where(real, ids, torch.zeros_like(ids)).long()
+
+    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
+             dst_slots=None):
         if out is None:
             out = torch.empty_like(x)
         xs, dts, Bs, Cs = x, dt, B, C
@@ -29,13 +40,17 @@ def make_step(ctx):
             xs, dts, Bs, Cs = x[:, None], dt[:, None], B[:, None], C[:, None]
             zs = None if z is None else z[:, None]
             outs = out[:, None]
-        ssm = state.buffers["ssm"][layer]                      # (S, K, H, P, N)
-        valid = slots != pad
-        idx = torch.where(valid, slots, torch.zeros_like(slots)).long()
-        cur = slot_state.current_version(state, idx)
-        s = ssm[idx, cur].float()
+        views = state.views[layer]
+        valid, idx = rows_of(slots, faults.SLOTS)
+        if dst_slots is None:
+            keep, dst = valid, idx
+        else:
+            keep, dst = rows_of(dst_slots, faults.DST_SLOTS)
+            keep = keep & valid                                 # a pad row writes nothing
+        cursor = slot_state.uses_cursor(state)
+        cur = slot_state.current_version(state, idx) if cursor else torch.zeros_like(idx)
+        s = views.read[idx, cur].float()
         s[~valid] = 0.0                                         # a pad row reads a zero state
-        rows = idx[valid]
         Af = A.float()
         for t in range(xs.shape[1]):
             d = dts[:, t].float()
@@ -55,11 +70,11 @@ def make_step(ctx):
                 zt = zs[:, t].float()
                 y = y * zt * torch.sigmoid(zt)
             outs[:, t] = y.to(out.dtype)
-            if speculative:
-                dest = ((cur + 1 + t) % K)[valid]
-                ssm[rows, dest] = s[valid].to(ssm.dtype)
+            if speculative:  # token t's state: version (cursor + 1 + t) % K, or draft t of an adopted cache
+                version = (cur + 1 + t) % K if cursor else torch.full_like(cur, t)
+                views.write[dst[keep], version[keep]] = s[keep].to(views.write.dtype)
         if not speculative:
-            ssm[rows, 0] = s[valid].to(ssm.dtype)
+            views.write[dst[keep], 0] = s[keep].to(views.write.dtype)
         return out
 
     return step

@@ -1,0 +1,83 @@
+"""The calls a backend implements, in one place: the step callable and the commit, as typed
+protocols, and the check that a backend's step has the contract's signature.
+
+Every spelling of the step's arguments elsewhere (the kernel's checking wrapper, each backend's
+step) is checked against :class:`StepFn` when a kernel opens, so an argument added here and
+forgotten in a backend is reported at once, naming the backend and what differs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
+
+from .errors import BackendError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .records import State
+
+
+class StepFn(Protocol):
+    """One SSU step of ``layer`` for a batch (docs/spec.md): returns ``out``.
+
+    ``x`` (b, H, P), or (b, T, H, P) for a speculative kernel; ``dt`` (b, [T,] H); ``A`` (H,)
+    fp32; ``B``, ``C`` (b, [T,] G, N); ``slots`` (b,) int32/int64, the slot each row reads (and
+    writes, unless ``dst_slots`` names another); ``D``, ``dt_bias`` (H,) and ``z`` (like x)
+    optional; ``out`` like x (allocated if None). No hook dispatch, no host synchronisation.
+    """
+
+    def __call__(self, state: "State", x: "Tensor", dt: "Tensor", A: "Tensor", B: "Tensor", C: "Tensor",
+                 slots: "Tensor", D: Optional["Tensor"] = None, z: Optional["Tensor"] = None,
+                 dt_bias: Optional["Tensor"] = None, dt_softplus: bool = False, out: Optional["Tensor"] = None,
+                 layer: int = 0, dst_slots: Optional["Tensor"] = None) -> "Tensor": ...
+
+
+class CommitFn(Protocol):
+    """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last step."""
+
+    def __call__(self, state: "State", slots: "Tensor", num_accepted: "Tensor") -> None: ...
+
+
+def _parameters(fn: Callable) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+
+
+#: the step's parameters, in order, with their defaults
+STEP_PARAMETERS: tuple[inspect.Parameter, ...] = tuple(_parameters(StepFn.__call__))
+STEP_NAMES: tuple[str, ...] = tuple(p.name for p in STEP_PARAMETERS)
+#: parameters added by plugin API minors: a backend declaring an older minor may omit them
+ADDED_IN = {"dst_slots": (1, 2)}
+
+
+def describe(parameters) -> str:
+    """``(state, x, ..., dst_slots=None)``."""
+    return "(" + ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                           for p in parameters) + ")"
+
+
+def expected_parameters(api: tuple[int, int]) -> tuple[inspect.Parameter, ...]:
+    """The step's parameters for a backend declaring plugin API ``api``."""
+    return tuple(p for p in STEP_PARAMETERS if ADDED_IN.get(p.name, (0, 0)) <= api)
+
+
+def check_step(fn: Callable, backend: str, api_version: str) -> None:
+    """Raise :class:`~ssu.BackendError` unless ``fn`` takes the contract's parameters, in order and
+    with the same defaults, for the backend's plugin API (compared with :func:`inspect.signature`).
+    A pure forwarder, ``(*args, **kwargs)``, passes."""
+    try:
+        got = _parameters(fn)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: nothing to compare
+        return
+    if [p.kind for p in got] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+        return  # a forwarder, (*args, **kwargs): what it forwards to is not ours to see
+    api = tuple(int(p) for p in str(api_version).split(".")[:2])
+    want = expected_parameters(api)
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+    same = len(got) == len(want) and all(
+        g.name == w.name and g.default == w.default and g.kind in kinds for g, w in zip(got, want))
+    if not same:
+        raise BackendError(
+            f"backend {backend!r}: its step callable takes {describe(got)}; plugin API {api_version} needs "
+            f"{describe(want)} (the order and defaults of ssu.contract.StepFn). Fix the factory's step function")

@@ -1,0 +1,88 @@
+"""Guarded ids, recorded on the device: the step never pays a host synchronisation to refuse them.
+
+A slot id outside ``[0, num_slots)`` that is not the pad id (in ``slots`` or ``dst_slots``), or an
+accepted count outside ``1..T`` in ``commit``, would address memory outside the cache. Backends
+that declare ``Capabilities.guards_slots`` treat such a row as a pad row (it reads a zero state,
+writes no state, still writes its output row; a commit leaves that slot as it was) and lower the
+kernel's fault record, ``Context.faults``: one int64 on the problem's device holding the smallest
+key of the rows refused so far, or :data:`NO_FAULT`. A key packs the row, which argument and the
+low 32 bits of the value, so that the first offending row is reported exactly.
+
+:meth:`ssu.Kernel.check` reads the record (that synchronises), raises an :class:`~ssu.InputError`
+naming the row, and clears it; ``read_state``, ``write_state``, ``warmup``, ``sync`` and
+``adopt_state`` check first. ``validate = "full"`` refuses such ids before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+#: the record's value when nothing was refused
+NO_FAULT = (1 << 63) - 1
+#: what a key's kind field names
+KINDS = ("slots", "dst_slots", "num_accepted")
+SLOTS, DST_SLOTS, NUM_ACCEPTED = range(3)
+_ROW_SHIFT, _KIND_SHIFT, _LOW32 = 34, 32, 0xFFFFFFFF
+
+
+def allocate(device):
+    """A fresh record on ``device`` (one int64, :data:`NO_FAULT`)."""
+    import torch
+
+    return torch.full((1,), NO_FAULT, dtype=torch.int64, device=device)
+
+
+def encode(row: int, kind: int, value: int) -> int:
+    """The key of ``row`` refused for argument ``kind`` with ``value`` (smaller rows sort first)."""
+    return (row << _ROW_SHIFT) | (kind << _KIND_SHIFT) | (value & _LOW32)
+
+
+def decode(key: int) -> tuple[int, int, int]:
+    """``(row, kind, value)`` of a key; the value as a signed 32-bit integer."""
+    value = key & _LOW32
+    if value >= 1 << 31:
+        value -= 1 << 32
+    return key >> _ROW_SHIFT, (key >> _KIND_SHIFT) & 3, value
+
+
+def record(faults, bad, values, kind: int) -> None:
+    """Lower ``faults`` with the keys of the rows where ``bad`` (torch ops, any device, no host
+    synchronisation): the implementation for backends written in torch and for the core's guard."""
+    import torch
+
+    rows = torch.arange(bad.shape[0], device=bad.device, dtype=torch.int64)
+    keys = (rows << _ROW_SHIFT) | (kind << _KIND_SHIFT) | (values.to(torch.int64) & _LOW32)
+    keys = torch.where(bad, keys, torch.full_like(keys, NO_FAULT))
+    if keys.numel():
+        torch.minimum(faults, keys.amin().reshape(1), out=faults)
+
+
+def outside(ids, num_slots: int, pad_slot_id: int):
+    """Boolean mask of the ids that are neither a slot of the cache nor the pad id."""
+    return ((ids < 0) | (ids >= num_slots)) & (ids != pad_slot_id)
+
+
+def message(key: int, problem) -> Optional[str]:
+    """What was refused, and how to fix it (None for :data:`NO_FAULT`)."""
+    if key == NO_FAULT:
+        return None
+    row, kind, value = decode(key)
+    name = KINDS[kind]
+    if kind == NUM_ACCEPTED:
+        return (f"num_accepted[{row}] = {value}: outside 1..{problem.tokens_per_step}; that slot's state was "
+                "left as it was before the step. Pass how many of the step's tokens each sequence keeps (at least "
+                "1); validate = \"full\" refuses such counts before the commit runs")
+    return (f"{name}[{row}] = {value}: neither a slot of this cache (0..{problem.num_slots - 1}) nor the pad id "
+            f"{problem.pad_slot_id}; that row was served as a pad row (no state read or written, its output from a "
+            "zero state). Fix the caller's slot mapping; validate = \"full\" refuses such ids before the step runs")
+
+
+def guard(ids, problem, faults, kind: int):
+    """``ids`` with every id that is neither a slot nor the pad id replaced by the pad id, the
+    replaced rows recorded: what the core runs (torch ops, no host synchronisation) before each
+    validated step of a backend that does not declare ``guards_slots``."""
+    import torch
+
+    bad = outside(ids, problem.num_slots, problem.pad_slot_id)
+    record(faults, bad, ids, kind)
+    return torch.where(bad, torch.full_like(ids, problem.pad_slot_id), ids)
