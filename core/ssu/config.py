@@ -70,13 +70,14 @@ class Config:
     ``validate`` is ``True`` (inputs checked once per input signature), ``False`` (never),
     or ``"full"`` (also slot values and accepted counts on every call; this synchronises).
     ``backends`` maps backend names to their raw option tables.
-    ``source`` records where ``backend`` came from (for ``explain``).
+    ``source`` records where ``backend`` came from (for ``explain``), ``path`` the file read.
     """
 
     backend: Union[str, tuple[str, ...]] = attrs.field(default=DEFAULT_BACKEND, converter=_backend)
     validate: Union[bool, Literal["full"]] = attrs.field(default=True, converter=_validate)
     backends: dict = attrs.field(factory=dict, converter=_backend_tables)
     source: str = attrs.field(default="default", eq=False, metadata={"internal": True})
+    path: Optional[str] = attrs.field(default=None, eq=False, metadata={"internal": True})
 
     @property
     def candidates(self) -> tuple:
@@ -161,6 +162,7 @@ def load_config(path: Union[str, os.PathLike, None] = None, *, backend: Any = No
             config = build(Config, {k: v for k, v in table.items()}, dotted)
         except ConfigError as exc:
             raise ConfigError(f"{file}: {exc}") from None
+        config = attrs.evolve(config, path=str(file))
         if "backend" in table:
             config = attrs.evolve(config, source=f"file {file}")
     if env.get(ENV_BACKEND, "").strip():

@@ -1,8 +1,10 @@
 """Conformance checks every backend must pass, run by ``ssu verify`` (and the test suite).
 
-Each check opens the backend for a small problem inside its declared capabilities, drives it with
-random inputs (never zeros) and compares against the float64 oracle through the backend-neutral
-``read_state`` / ``write_state``. Tolerances come from :func:`ssu.oracle.tolerance`.
+Each check opens the backend for a problem inside its declared capabilities, drives it with random
+inputs (never zeros) and compares against the float64 oracle through the backend-neutral
+``read_state`` / ``write_state`` (:mod:`ssu.harness`). Tolerances come from
+:func:`ssu.oracle.tolerance`. A check that does not apply (a capability the backend does not
+declare, a device it is not on) raises :class:`CheckSkipped` with the reason.
 """
 
 from __future__ import annotations
@@ -12,46 +14,31 @@ from typing import Callable, Iterator, Optional
 import attrs
 
 from . import oracle
-from .config import Config
 from .errors import InputError, SSUError
+from .harness import (CheckFailure, batch_slots, engine_cache, expect_close, logical_states, open_backend,
+                      prepared, real_slots, seeded_states)
 from .inputs import layer_weights, pick_slots, random_states, step_inputs
 from .problem import Problem
 
+__all__ = ["CHECKS", "CheckFailure", "CheckResult", "CheckSkipped", "problems_for", "run_conformance"]
 
-class CheckFailure(AssertionError):
-    """A conformance check found a wrong result."""
+
+class CheckSkipped(Exception):
+    """A check that cannot run here (its device or a capability is missing); the message says why."""
 
 
 @attrs.frozen
 class CheckResult:
+    """One check on one problem: ``status`` is ``pass``, ``fail`` or ``skip`` (with why in ``detail``)."""
+
     name: str
     problem: str
-    passed: bool
+    status: str
     detail: str = ""
 
-
-def open_backend(backend: str, problem: Problem, registry=None, options: Optional[dict] = None):
-    """Open ``backend`` (with its option table ``options``) for ``problem``."""
-    from .kernel import open_kernel
-
-    config = Config(backend=backend, backends={backend: options} if options else {})
-    return open_kernel(config, problem, registry=registry)
-
-
-def _expect_close(what: str, actual, expected, tol: float) -> None:
-    err = oracle.rel_error(actual, expected)
-    if not err <= tol:
-        raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}")
-
-
-def _prepared(kernel, gen, layers: int = 2):
-    """A state with every slot of every layer set to a random value; returns (state, values)."""
-    import torch
-
-    p = kernel.problem
-    (state,) = seeded_states((kernel,), p, gen, layers)
-    every = torch.arange(p.num_slots, device=p.device)
-    return state, [kernel.read_state(state, every, layer).clone() for layer in range(layers)]
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
 
 
 def check_step(kernel, gen, *, with_options: bool = True) -> None:
@@ -63,7 +50,7 @@ def check_step(kernel, gen, *, with_options: bool = True) -> None:
 
     p = kernel.problem
     tol = oracle.tolerance(p.state_dtype, p.input_dtype, p.tokens_per_step)
-    state, before = _prepared(kernel, gen)
+    state, before = prepared(kernel, gen)
     b = min(p.max_batch, p.num_slots)
     pad = 1 if b >= 2 else 0
     slots = pick_slots(p, b, gen, pad_rows=pad)
@@ -79,7 +66,7 @@ def check_step(kernel, gen, *, with_options: bool = True) -> None:
         states, outs = oracle.step_math64(p, start, inputs)
         out = torch.full_like(inputs.x, float("nan"))
         kernel.step(state, out=out, layer=layer, **inputs.kwargs())
-        _expect_close(f"outputs of layer {layer}", oracle.with_token_axis(p, out), outs, tol)
+        expect_close(f"outputs of layer {layer}", oracle.with_token_axis(p, out), outs, tol)
         if p.speculative and not torch.equal(kernel.read_state(state, real, layer), before[layer][real]):
             raise CheckFailure("a speculative step changed the logical state before commit")
         expected[layer] = states
@@ -91,13 +78,21 @@ def check_step(kernel, gen, *, with_options: bool = True) -> None:
         pick = torch.zeros(b - pad, dtype=torch.long, device=p.device)
     rows = torch.arange(b - pad, device=p.device)
     for layer, states in expected.items():
-        _expect_close(f"new states of layer {layer}", kernel.read_state(state, real, layer), states[rows, pick], tol)
+        expect_close(f"new states of layer {layer}", kernel.read_state(state, real, layer), states[rows, pick], tol)
+    _unchanged(kernel, state, before, {layer: real for layer in expected})
+
+
+def _unchanged(kernel, state, before, named: dict) -> None:
+    """Every slot of every layer as in ``before``, except the slots ``named[layer]``."""
+    import torch
+
+    p = kernel.problem
     every = torch.arange(p.num_slots, device=p.device)
-    others = torch.ones(p.num_slots, dtype=torch.bool, device=p.device)
-    others[real] = False
     for layer in range(state.num_layers):
-        now = kernel.read_state(state, every, layer)
-        mask = others if layer in expected else torch.ones_like(others)
+        now = logical_states(kernel, state, layer)
+        mask = torch.ones(p.num_slots, dtype=torch.bool, device=p.device)
+        if layer in named:
+            mask[named[layer]] = False
         if not torch.equal(now[mask], before[layer][mask]):
             changed = every[mask][(now[mask] != before[layer][mask]).flatten(1).any(1)].tolist()
             raise CheckFailure(f"slots {changed[:8]} of layer {layer} changed, but the step did not name them")
@@ -109,7 +104,7 @@ def check_decode(kernel, gen, steps: int = 4) -> None:
 
     p = kernel.problem
     tol = oracle.tolerance(p.state_dtype, p.input_dtype, p.tokens_per_step)
-    state, before = _prepared(kernel, gen, layers=1)
+    state, before = prepared(kernel, gen, layers=1)
     b = min(p.max_batch, p.num_slots)
     slots = pick_slots(p, b, gen)
     weights = layer_weights(p, gen)
@@ -118,13 +113,13 @@ def check_decode(kernel, gen, steps: int = 4) -> None:
         inputs = step_inputs(p, slots, gen, weights=weights)
         states, outs = oracle.step_math64(p, start, inputs)
         out = kernel.step(state, layer=0, **inputs.kwargs())
-        _expect_close("outputs", oracle.with_token_axis(p, out), outs, tol)
+        expect_close("outputs", oracle.with_token_axis(p, out), outs, tol)
         pick = torch.zeros(b, dtype=torch.long, device=p.device)
         if p.speculative:
             accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)
             kernel.commit(state, slots, accepted)
             pick = accepted.long() - 1
-        _expect_close("states", kernel.read_state(state, slots, 0), states[torch.arange(b, device=p.device), pick], tol)
+        expect_close("states", kernel.read_state(state, slots, 0), states[torch.arange(b, device=p.device), pick], tol)
 
 
 def check_roundtrip(kernel, gen) -> None:
@@ -148,11 +143,10 @@ def check_warmup(kernel, gen) -> None:
     """Warmup leaves every state value exactly as it was."""
     import torch
 
-    state, before = _prepared(kernel, gen)
+    state, before = prepared(kernel, gen)
     kernel.warmup(state)
-    every = torch.arange(kernel.problem.num_slots, device=kernel.problem.device)
     for layer, values in enumerate(before):
-        if not torch.equal(kernel.read_state(state, every, layer), values):
+        if not torch.equal(logical_states(kernel, state, layer), values):
             raise CheckFailure(f"warmup changed the state of layer {layer}")
 
 
@@ -162,8 +156,8 @@ def check_bad_inputs(kernel, gen) -> None:
 
     p = kernel.problem
     if not kernel.config.validate:
-        return
-    state, before = _prepared(kernel, gen, layers=1)
+        raise CheckSkipped("validate = false: no input is checked")
+    state, before = prepared(kernel, gen, layers=1)
     slots = pick_slots(p, min(p.max_batch, p.num_slots), gen)
     good = step_inputs(p, slots, gen).kwargs()
     wrong_dtype = torch.float64
@@ -187,83 +181,8 @@ def check_bad_inputs(kernel, gen) -> None:
         pass
     else:
         raise CheckFailure("layer out of range: no ssu.InputError")
-    every = torch.arange(p.num_slots, device=p.device)
-    if not torch.equal(kernel.read_state(state, every, 0), before[0]):
+    if not torch.equal(logical_states(kernel, state, 0), before[0]):
         raise CheckFailure("a refused call wrote to the state")
-
-
-def open_pair(backend: str, problem, options=None, registry=None):
-    """The backend's kernel and a reference kernel for the same problem."""
-    return open_backend(backend, problem, registry, options), open_backend("reference", problem, registry)
-
-
-def seeded_states(kernels, problem, gen, layers=1):
-    """Allocate a state per kernel, all slots of every layer set to the same random values."""
-    import torch
-
-    states = [k.allocate_state(num_layers=layers) for k in kernels]
-    every = torch.arange(problem.num_slots, device=problem.device)
-    for layer in range(layers):
-        values = random_states(problem, problem.num_slots, gen)
-        for k, s in zip(kernels, states):
-            k.write_state(s, every, values, layer)
-    return states
-
-
-def _slot_rows(buffers: dict, num_slots: int) -> dict:
-    """Each state buffer indexed by slot first: axis 1 of a per-layer buffer (dim >= 2), axis 0 of
-    a 1-D one, its first ``num_slots`` rows (rows after them are backend-private, e.g. pad sinks)."""
-    rows = {}
-    for name, buf in buffers.items():
-        if buf.dim() >= 2 and buf.shape[1] >= num_slots:
-            rows[name] = buf[:, :num_slots].transpose(0, 1)
-        elif buf.dim() == 1 and buf.shape[0] >= num_slots:
-            rows[name] = buf[:num_slots]
-    return rows
-
-
-def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, pad=0, index_dtype=None,
-                           options=True, tokens=None, layers=1, backend_options=None, registry=None):
-    """Drive ``backend`` and the reference through ``steps`` steps (and commits) with the same
-    inputs, each step starting from the backend's own states; raise :class:`CheckFailure` unless
-    outputs and states agree within :func:`ssu.oracle.tolerance` and every buffer row of the
-    slots outside the batch is bit-identical afterwards. Returns the backend's kernel and state."""
-    import torch
-
-    index_dtype = torch.int32 if index_dtype is None else index_dtype
-    tk, rk = open_pair(backend, problem, backend_options, registry)
-    ts, rs = seeded_states((tk, rk), problem, gen, layers)
-    b = batch or problem.max_batch
-    slots = pick_slots(problem, b, gen, pad_rows=pad, index_dtype=index_dtype)
-    real = slots[: b - pad].long()
-    untouched = torch.ones(problem.num_slots, dtype=torch.bool, device=problem.device)
-    untouched[real] = False
-    raw_before = {name: rows[untouched].clone() for name, rows in _slot_rows(ts.buffers, problem.num_slots).items()}
-    T = tokens or problem.tokens_per_step
-    tol = oracle.tolerance(problem.state_dtype, problem.input_dtype, T)
-    weights = [layer_weights(problem, gen, with_D=options, with_dt_bias=options) for _ in range(layers)]
-    for _ in range(steps):
-        for layer in range(layers):
-            # both start every step from the backend's own (rounded) states, so that legitimate
-            # rounding differences of earlier steps do not accumulate into the comparison
-            rk.write_state(rs, real, tk.read_state(ts, real, layer), layer)
-            inputs = step_inputs(problem, slots, gen, tokens=T, weights=weights[layer], with_z=options,
-                                 dt_softplus=options)
-            out_t = torch.full_like(inputs.x, float("nan"))
-            tk.step(ts, out=out_t, layer=layer, **inputs.kwargs())
-            out_r = rk.step(rs, layer=layer, **inputs.kwargs())
-            _expect_close(f"outputs of layer {layer}", out_t, out_r, tol)
-        if problem.speculative:
-            accepted = torch.randint(1, T + 1, (b,), generator=gen, dtype=torch.int32).to(problem.device)
-            tk.commit(ts, slots, accepted)
-            rk.commit(rs, slots, accepted)
-        for layer in range(layers):
-            _expect_close(f"states of layer {layer}", tk.read_state(ts, real, layer), rk.read_state(rs, real, layer), tol)
-    rows_after = _slot_rows(ts.buffers, problem.num_slots)
-    for name, before in raw_before.items():
-        if not torch.equal(rows_after[name][untouched], before):
-            raise CheckFailure(f"buffer {name!r}: a slot outside the batch was touched")
-    return tk, ts
 
 
 def check_cuda_graph(kernel, gen) -> None:
@@ -273,7 +192,7 @@ def check_cuda_graph(kernel, gen) -> None:
 
     p = kernel.problem
     if p.device_type != "cuda":
-        return
+        raise CheckSkipped(f"needs a CUDA device; this problem is on {p.device}")
     eager, graphed = seeded_states((kernel, kernel), p, gen, layers=2)
     kernel.warmup(graphed)
     b = min(p.max_batch, p.num_slots)
@@ -306,39 +225,170 @@ def check_cuda_graph(kernel, gen) -> None:
             raise CheckFailure(f"buffer {name!r} after CUDA-graph replays differs from eager calls")
 
 
-def stochastic_rounding_bias(backend: str, gen, *, rows: int = 512, backend_options: Optional[dict] = None,
-                             **shape) -> tuple[float, float, float]:
-    """Bias of a backend's stochastically rounded fp16 state cache: ``rows`` sequences with the
-    same state and inputs take one step; returns (mean |bias| of the backend's rounding, the same
-    for round-to-nearest (the reference), mean |error| per sequence). Unbiased rounding has a
-    bias well below round-to-nearest's while its per-sequence error stays non-zero. D and dt_bias
-    are given in dt's dtype so that every kernel sees the same numbers."""
+def _outside_ids(problem, count: int) -> list[int]:
+    """``count`` ids that are neither a slot of the cache nor the pad id: below 0 and past the end."""
+    candidates = [-2, problem.num_slots, -7, problem.num_slots + 1000, -(2**31) + 5]
+    return [i for i in candidates if i != problem.pad_slot_id][:count]
+
+
+def check_guarded_ids(kernel, gen) -> None:
+    """Slot ids outside the cache are served as pad rows: no state read or written (every slot
+    bit-identical but the real rows'), their outputs from a zero state, and ``kernel.check()``
+    names the first of them; a speculative commit with counts outside 1..T leaves those slots as
+    they were and is reported too."""
     import torch
 
-    from .kernel import open_kernel
+    p = kernel.problem
+    if not kernel.config.validate and not kernel.capabilities.guards_slots:
+        raise CheckSkipped("validate = false and the backend does not declare guards_slots: ids are not guarded")
+    tol = oracle.tolerance(p.state_dtype, p.input_dtype, p.tokens_per_step)
+    state, before = prepared(kernel, gen, layers=1)
+    b = p.max_batch
+    bad = _outside_ids(p, min(2, b))
+    real = pick_slots(p, max(b - len(bad), 0), gen)
+    slots = torch.cat([real, torch.tensor(bad, dtype=real.dtype, device=p.device)])
+    inputs = step_inputs(p, slots, gen)
+    start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
+    start[: len(real)] = before[0][real.long()]
+    states, outs = oracle.step_math64(p, start, inputs)
+    out = kernel.step(state, layer=0, **inputs.kwargs())
+    expect_close("outputs (rows with ids outside the cache from a zero state)", oracle.with_token_axis(p, out),
+                 outs, tol)
+    first = len(real)
+    try:
+        kernel.check()
+    except InputError as exc:
+        if f"slots[{first}] = {bad[0]}" not in str(exc):
+            raise CheckFailure(f"kernel.check() named the wrong row: {exc}") from None
+    else:
+        raise CheckFailure(f"slots[{first}] = {bad[0]} lies outside the cache, but kernel.check() raised nothing")
+    kernel.check()  # cleared
+    if p.speculative and len(real):
+        accepted = torch.ones(b, dtype=torch.int32, device=p.device)
+        accepted[0] = 0 if len(real) == 1 or gen.initial_seed() % 2 else p.tokens_per_step + 1
+        kernel.commit(state, slots, accepted)
+        try:
+            kernel.check()
+        except InputError as exc:
+            if "num_accepted[0]" not in str(exc) and "slots[" not in str(exc):
+                raise CheckFailure(f"kernel.check() after the commit named the wrong row: {exc}") from None
+        else:
+            raise CheckFailure(f"num_accepted[0] = {int(accepted[0])} is outside 1..T, but kernel.check() raised nothing")
+        moved = real[1:].long()
+        rows = torch.arange(1, len(real), device=p.device)
+        expect_close("states after the commit", logical_states(kernel, state, 0)[moved], states[rows, 0], tol)
+        _unchanged(kernel, state, before, {0: moved})
+    else:
+        if not p.speculative:
+            expect_close("states of the real rows", logical_states(kernel, state, 0)[real.long()],
+                         states[: len(real), 0], tol)
+        _unchanged(kernel, state, before, {0: real.long()} if not p.speculative else {})
 
-    fields = dict(num_slots=rows, max_batch=rows, **shape)
-    fp16 = Problem(state_dtype="fp16", **fields)
-    kernels = {"sr": open_kernel(Config(backend=backend, backends={backend: dict(backend_options or {},
-                                                                                   stochastic_rounding=True)}), fp16),
-               "rtn": open_kernel(Config(backend="reference"), fp16),
-               "exact": open_kernel(Config(backend="reference"), Problem(state_dtype="fp32", **fields))}
-    start = random_states(fp16, 1, gen).half().float().expand(rows, -1, -1, -1).contiguous()
-    slots = torch.arange(rows, dtype=torch.int32, device=fp16.device)
-    one = step_inputs(fp16, slots[:1], gen).kwargs()
-    inputs = {k: (v.expand(rows, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v)
-              for k, v in one.items()}
-    inputs.update(slots=slots, D=one["D"].to(one["dt"].dtype), dt_bias=one["dt_bias"].to(one["dt"].dtype))
-    results = {}
-    for name, kernel in kernels.items():
-        state = kernel.allocate_state()
-        kernel.write_state(state, slots.long(), start)
-        kernel.step(state, **inputs)
-        results[name] = kernel.read_state(state, slots.long())
-    bias = (results["sr"] - results["exact"]).mean(0).abs().mean().item()
-    bias_nearest = (results["rtn"] - results["exact"]).mean(0).abs().mean().item()
-    spread = (results["sr"] - results["exact"]).abs().mean().item()
-    return bias, bias_nearest, spread
+
+def check_destinations(kernel, gen) -> None:
+    """One-token steps that read ``slots`` and write ``dst_slots``: outputs and written states
+    against the oracle, a row whose destination is the pad id writing nothing, and every slot not
+    written (the slots read included) bit-identical."""
+    import torch
+
+    p = kernel.problem
+    if not kernel.capabilities.destination_slots:
+        raise CheckSkipped("the backend does not declare destination_slots")
+    if p.speculative:
+        raise CheckSkipped("destination slots apply to one-token steps")
+    b = min(p.max_batch, len(real_slots(p)) // 2)
+    if b < 1:
+        raise CheckSkipped("the cache is too small for distinct read and write slots")
+    tol = oracle.tolerance(p.state_dtype, p.input_dtype, 1)
+    state, before = prepared(kernel, gen, layers=1)
+    pad = 1 if b >= 2 else 0
+    slots, dst = batch_slots(p, b, pad, gen, None, True)
+    inputs = step_inputs(p, slots, gen)
+    start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
+    start[: b - pad] = before[0][slots[: b - pad].long()]
+    states, outs = oracle.step_math64(p, start, inputs)
+    out = kernel.step(state, layer=0, dst_slots=dst, **inputs.kwargs())
+    expect_close("outputs", oracle.with_token_axis(p, out), outs, tol)
+    written = (dst != p.pad_slot_id) & (slots != p.pad_slot_id)
+    targets = dst[written].long()
+    expect_close("states written to dst_slots", logical_states(kernel, state, 0)[targets], states[written, 0], tol)
+    _unchanged(kernel, state, before, {0: targets})
+
+
+def check_adopted(kernel, gen) -> None:
+    """An engine's cache (per layer a view into larger pages) adopted and stepped in place: the
+    engine's tensors keep their storage and hold the oracle's states after the step (and commit),
+    every other slot and the rest of the pages bit-identical; ``sync`` keeps them."""
+    import torch
+
+    p = kernel.problem
+    if not kernel.capabilities.adopt_state:
+        raise CheckSkipped("the backend does not declare adopt_state")
+    tol = oracle.tolerance(p.state_dtype, p.input_dtype, p.tokens_per_step)
+    layers = 2
+    caches, pages = engine_cache(p, layers, gen)
+    pages_before = [page.clone() for page in pages]
+    state = kernel.adopt_state(caches)
+    pointers = [c.data_ptr() for c in caches]
+    b = min(p.max_batch, len(real_slots(p)))
+    pad = 1 if b >= 2 else 0
+    slots = pick_slots(p, b, gen, pad_rows=pad)
+    real = slots[: b - pad].long()
+    expected = []
+    for layer in range(layers):
+        inputs = step_inputs(p, slots, gen)
+        start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
+        start[: b - pad] = caches[layer][real].float()
+        states, outs = oracle.step_math64(p, start, inputs)
+        out = kernel.step(state, layer=layer, **inputs.kwargs())
+        expect_close(f"outputs of layer {layer}", oracle.with_token_axis(p, out), outs, tol)
+        expected.append(states)
+    pick = torch.zeros(b - pad, dtype=torch.long, device=p.device)
+    if p.speculative:
+        for layer in range(layers):
+            if not torch.equal(caches[layer], pages_before[layer][:, 0]):
+                raise CheckFailure(f"a speculative step changed the engine's cache of layer {layer} before commit")
+        accepted = torch.randint(1, p.tokens_per_step + 1, (b,), generator=gen, dtype=torch.int32).to(p.device)
+        kernel.commit(state, slots, accepted)
+        pick = accepted[: b - pad].long() - 1
+    kernel.sync(state)
+    rows = torch.arange(b - pad, device=p.device)
+    others = torch.ones(p.num_slots, dtype=torch.bool, device=p.device)
+    others[real] = False
+    for layer in range(layers):
+        if caches[layer].data_ptr() != pointers[layer] or state.cache[layer] is not caches[layer]:
+            raise CheckFailure("the adopted state does not hold the engine's tensor any more")
+        expect_close(f"the engine's cache of layer {layer}", caches[layer][real].float(),
+                     expected[layer][rows, pick], tol)
+        if not torch.equal(pages[layer][:, 1:], pages_before[layer][:, 1:]):
+            raise CheckFailure(f"data beside the cache slots in the engine's pages of layer {layer} was written")
+        if not torch.equal(caches[layer][others], pages_before[layer][others, 0]):
+            raise CheckFailure(f"slots of the engine's cache of layer {layer} outside the batch changed")
+
+
+def check_partial_commit(kernel, gen) -> None:
+    """With validation on, a commit that finds a layer of the group not stepped since the last
+    commit is refused, naming it, and no committed state is lost."""
+    import torch
+
+    p = kernel.problem
+    if not p.speculative:
+        raise CheckSkipped("commits follow speculative steps")
+    if not kernel.config.validate:
+        raise CheckSkipped("validate = false: commits are not checked")
+    state, before = prepared(kernel, gen)
+    b = min(p.max_batch, len(real_slots(p)))
+    slots = pick_slots(p, b, gen)
+    kernel.step(state, layer=1, **step_inputs(p, slots, gen).kwargs())
+    accepted = torch.ones(b, dtype=torch.int32, device=p.device)
+    try:
+        kernel.commit(state, slots, accepted)
+    except InputError as exc:
+        if "layer(s) [0]" not in str(exc):
+            raise CheckFailure(f"the refusal does not name layer 0: {exc}") from None
+    else:
+        raise CheckFailure("a commit after stepping only layer 1 of 2 was accepted")
+    _unchanged(kernel, state, before, {})
 
 
 #: check name -> (function(kernel, generator), what it checks)
@@ -350,7 +400,11 @@ CHECKS: dict[str, tuple[Callable, str]] = {
     "roundtrip": (check_roundtrip, "write_state/read_state round trip"),
     "warmup": (check_warmup, "warmup leaves the state intact"),
     "bad-inputs": (check_bad_inputs, "bad inputs raise InputError, write nothing"),
-    "cuda-graph": (check_cuda_graph, "CUDA-graph replay equals eager calls (CUDA only)"),
+    "cuda-graph": (check_cuda_graph, "CUDA-graph replay equals eager calls"),
+    "guarded-ids": (check_guarded_ids, "slot ids outside the cache served as pad rows and reported"),
+    "destinations": (check_destinations, "steps that write dst_slots"),
+    "adopted": (check_adopted, "an engine's cache adopted and stepped in place"),
+    "partial-commit": (check_partial_commit, "a commit with a layer not stepped is refused"),
 }
 
 
@@ -389,14 +443,16 @@ def run_conformance(backend: str, *, device: str = "cpu", registry=None, seed: i
         try:
             kernel = open_backend(backend, problem, registry, options)
         except SSUError as exc:
-            results.append(CheckResult("open", problem.describe(), False, str(exc)))
+            results.append(CheckResult("open", problem.describe(), "fail", str(exc)))
             continue
         for check, what in CHECKS.values():
             gen = torch.Generator().manual_seed(seed)
             try:
                 check(kernel, gen)
+            except CheckSkipped as exc:
+                results.append(CheckResult(what, problem.describe(), "skip", str(exc)))
             except Exception as exc:  # a crashing backend is a failed check, not a crashed verify
-                results.append(CheckResult(what, problem.describe(), False, f"{type(exc).__name__}: {exc}"))
+                results.append(CheckResult(what, problem.describe(), "fail", f"{type(exc).__name__}: {exc}"))
             else:
-                results.append(CheckResult(what, problem.describe(), True))
+                results.append(CheckResult(what, problem.describe(), "pass"))
     return results

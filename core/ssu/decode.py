@@ -35,6 +35,12 @@ class DecodeReport:
     tolerance: float = 0.0
     untouched_checked: int = 0
     untouched_changed: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def checked(self) -> bool:
+        """Whether any layer-step was compared with the oracle."""
+        return self.checked_layer_steps > 0
 
     @property
     def ok(self) -> bool:
@@ -43,21 +49,43 @@ class DecodeReport:
 
     def summary(self) -> str:
         layer_steps = self.layers * self.steps
+        if self.checked:
+            errors = (f"max error       out {self.max_out_error:.2e}, state {self.max_state_error:.2e} "
+                      f"(tolerance {self.tolerance:.1e}, {self.checked_layer_steps} layer-steps checked)")
+            result = "OK" if self.ok else "WRONG"
+        else:
+            errors = "max error       not checked (--check-every 0: no layer-step compared with the oracle)"
+            result = "WRONG" if not self.ok else "not checked (timing only; untouched slots compared)"
         lines = [
             f"backend         {self.backend}",
             f"problem         {self.problem.describe()}",
             f"run             {self.layers} layers x {self.steps} steps, batch {self.batch}"
             f"{f' ({self.pad_rows} pad rows)' if self.pad_rows else ''}",
-            f"steps/s         {self.steps / self.seconds:.1f}" if self.seconds else "steps/s         -",
+            f"step rate       {self.steps / self.seconds:.1f} steps/s, kernel calls only (checks not timed)"
+            if self.seconds else "step rate       -",
+            f"wall time       {self.wall_seconds:.2f} s, checks and set-up included",
             f"per layer-step  {self.seconds / layer_steps * 1e6:.1f} us",
             f"state traffic   {self.state_bytes / self.seconds / 1e9:.2f} GB/s "
             f"({self.state_bytes / layer_steps / 1e6:.2f} MB per layer-step)" if self.seconds else "",
-            f"max error       out {self.max_out_error:.2e}, state {self.max_state_error:.2e} "
-            f"(tolerance {self.tolerance:.1e}, {self.checked_layer_steps} layer-steps checked)",
+            errors,
             f"untouched slots {self.untouched_checked} checked, {self.untouched_changed} changed",
-            f"result          {'OK' if self.ok else 'WRONG'}",
+            f"result          {result}",
         ]
         return "\n".join(line for line in lines if line)
+
+
+def memory_needed(problem, layers: int) -> int:
+    """Bytes a decode run of ``layers`` layers allocates at its peak, about: the state (every
+    version of every slot, the sink row), the random states it starts from and the checks' copies."""
+    from .dtypes import ITEMSIZE
+    from .slot_state import versions
+
+    p = problem
+    slot = p.nheads * p.headdim * p.dstate
+    state = layers * (p.num_slots + 1) * versions(p) * slot * ITEMSIZE[p.state_dtype]
+    start = 2 * p.num_slots * slot * 4  # the fp32 starting states of one layer, and their rounding
+    checks = (2 + p.tokens_per_step) * p.max_batch * slot * 8 + 2 * layers * 8 * slot * 4
+    return state + start + checks
 
 
 def _sync(device: str) -> None:
@@ -72,19 +100,20 @@ def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pa
     """Run ``steps`` decode steps of ``layers`` layers for ``batch`` sequences; see the module doc."""
     import torch
 
+    wall = time.perf_counter()
     p = kernel.problem
     gen = torch.Generator().manual_seed(seed)
     T = p.tokens_per_step
     report = DecodeReport(kernel.backend, p, layers, steps, batch, pad_rows,
                           tolerance=oracle.tolerance(p.state_dtype, p.input_dtype, T))
     state = kernel.allocate_state(num_layers=layers)
-    all_slots = torch.arange(p.num_slots, dtype=torch.int64, device=p.device)
+    all_slots = torch.tensor([s for s in range(p.num_slots) if s != p.pad_slot_id], dtype=torch.int64, device=p.device)
     for layer in range(layers):  # every slot starts from a random state
-        kernel.write_state(state, all_slots, random_states(p, p.num_slots, gen), layer)
+        kernel.write_state(state, all_slots, random_states(p, len(all_slots), gen), layer)
     slots = pick_slots(p, batch, gen, pad_rows=pad_rows)
     real = slots[: batch - pad_rows]
-    untouched = torch.tensor(sorted(set(range(p.num_slots)) - set(real.tolist()))[:8], dtype=torch.int64,
-                             device=p.device)
+    others = set(range(p.num_slots)) - set(real.tolist()) - {p.pad_slot_id}
+    untouched = torch.tensor(sorted(others)[:8], dtype=torch.int64, device=p.device)
     before = [kernel.read_state(state, untouched, layer).clone() for layer in range(layers)] if len(untouched) else []
     weights = [layer_weights(p, gen) for _ in range(layers)]
     out = None
@@ -132,4 +161,6 @@ def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pa
         after = kernel.read_state(state, untouched, layer)
         report.untouched_checked += len(untouched)
         report.untouched_changed += int((after != snapshot).flatten(1).any(1).sum().item())
+    kernel.check()
+    report.wall_seconds = time.perf_counter() - wall
     return report

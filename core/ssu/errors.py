@@ -32,7 +32,14 @@ class BackendBrokenError(BackendError):
 
 
 class BackendUnavailableError(BackendError):
-    """The backend is installed and loads, but cannot run here or cannot serve this problem."""
+    """The backend is installed and loads, but cannot run here or cannot serve this problem.
+
+    ``resolution`` (an :class:`ssu.resolve.Resolution`, when the error ends a resolution) holds
+    the reason for every candidate, so that ``explain`` can show them."""
+
+    def __init__(self, message: str, resolution=None) -> None:
+        super().__init__(message)
+        self.resolution = resolution
 
 
 class InputError(SSUError, ValueError):

@@ -90,7 +90,11 @@ def build(cls: type, data: dict, path: str) -> Any:
     try:
         return cls(**data)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        message = str(exc)
+        field = message.split("=", 1)[0]
+        if field in fields:  # a validator's "name=value ..." becomes "path.name=value ..."
+            raise ConfigError(f"{path}.{message}") from None
+        raise ConfigError(f"{path}: {message}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
 

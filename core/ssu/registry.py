@@ -162,7 +162,22 @@ class Registry:
                 if item.clash:
                     warnings.warn(_clash_message(item), SSUWarning, stacklevel=2)
             self._found = found
+            for message in self.filter_warnings():
+                warnings.warn(message, SSUWarning, stacklevel=2)
         return {**self._found, **self._local}
+
+    def filter_warnings(self) -> list[str]:
+        """A line for each name in ``SSU_PLUGINS`` / ``SSU_DISABLE_PLUGINS`` that matches no
+        installed backend (a typo there disables or keeps backends silently otherwise)."""
+        known = set(self._found or {}) | set(self._local)
+        lines = []
+        for variable in (ENV_ALLOW, ENV_DENY):
+            for name in sorted(_names(self.env.get(variable, "")) - known):
+                effect = ("every backend not named there is disabled" if variable == ENV_ALLOW
+                          else "it disables nothing")
+                lines.append(f"{variable} names {name!r}, which is no installed backend"
+                             f"{did_you_mean(name, known)}; {effect}. Installed: {', '.join(sorted(known)) or 'none'}")
+        return lines
 
     def register(self, plugin: Any, *, distribution: str = "<in-process>", version: str = "") -> str:
         """Register a backend object or module defined in this process (tests, benchmarks, an

@@ -24,7 +24,7 @@ class Candidate:
     """One line of the resolution trace."""
 
     name: str
-    outcome: str  # "selected" | "rejected" | "not tried"
+    outcome: str  # "selected" | "rejected" | "not tried" | "not requested"
     reason: str = ""
 
 
@@ -42,27 +42,32 @@ class Resolution:
         lines = [f"problem: {self.problem.describe()}",
                  f"requested: {', '.join(self.requested)} (from {self.source})"]
         for c in self.trace:
-            mark = {"selected": "->", "rejected": " x", "not tried": " ."}[c.outcome]
+            mark = {"selected": "->", "rejected": " x", "not tried": " .", "not requested": " ."}[c.outcome]
             lines.append(f"{mark} {c.name}: {c.outcome}" + (f": {c.reason}" if c.reason else ""))
         return "\n".join(lines)
 
 
-def _options(loaded: LoadedBackend, config: Config) -> Any:
-    """Validate the backend's option table with its own options class."""
+def validated_options(loaded: LoadedBackend, config: Config) -> Any:
+    """Validate the backend's option table with its own options class; an error names the
+    option's full path and the config file it came from."""
     name = loaded.name
     table = config.options_for(name)
     cls = loaded.spec.options_class
+    where = f"{config.path}: " if config.path else ""
     if cls is None:
         if table:
-            raise ConfigError(f"ssu.backends.{name}: backend {name!r} takes no options, got {', '.join(table)}")
+            raise ConfigError(f"{where}ssu.backends.{name}: backend {name!r} takes no options, got {', '.join(table)}")
         return None
-    return build(cls, table, f"ssu.backends.{name}")
+    try:
+        return build(cls, table, f"ssu.backends.{name}")
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
 
 
 def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -> tuple[LoadedBackend, Any]:
     """Load and check one candidate: returns it with its options, or raises why not."""
     loaded = registry.load(name)  # raises the not-installed / unknown / broken / disabled errors
-    options = _options(loaded, config)
+    options = validated_options(loaded, config)
     availability = loaded.probe(problem.device)
     if not availability.available:
         raise BackendUnavailableError(f"backend {name!r} is installed but unavailable on {problem.device}: "
@@ -78,15 +83,28 @@ def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -
     return loaded, options
 
 
-def _check_option_tables(config: Config, registry: Registry) -> None:
+def check_option_tables(config: Config, registry: Registry) -> None:
+    """Every ``[ssu.backends.<name>]`` table names an installed or first-party backend."""
     known = set(registry.discover()) | set(FIRST_PARTY)
     for name in config.backends:
         if name not in known:
-            raise ConfigError(f"ssu.backends.{name}: no backend named {name!r}{did_you_mean(name, known)}; "
+            where = f"{config.path}: " if config.path else ""
+            raise ConfigError(f"{where}ssu.backends.{name}: no backend named {name!r}{did_you_mean(name, known)}; "
                               f"known backends: {', '.join(sorted(known))}")
 
 
-def _auto_order(registry: Registry, trace: list) -> list[str]:
+def check_backend_names(config: Config, registry: Registry) -> None:
+    """Every name in ``backend`` is installed or first-party (a typo in a fallback list must not
+    fall through silently)."""
+    if config.candidates == (AUTO,):
+        return
+    installed = sorted(registry.discover())
+    for name in config.candidates:
+        if name not in installed and name not in FIRST_PARTY:
+            raise missing_backend_error(name, installed)
+
+
+def auto_order(registry: Registry, trace: list) -> list[str]:
     """Enabled backends by descending priority, ``reference`` last; broken ones go to the trace."""
     ranked = []
     for name in registry.discover():
@@ -103,44 +121,66 @@ def _auto_order(registry: Registry, trace: list) -> list[str]:
 
 def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[LoadedBackend, Any, Resolution]:
     """Pick the backend for ``problem``: returns the loaded backend, its options and the trace."""
-    _check_option_tables(config, registry)
+    check_option_tables(config, registry)
+    check_backend_names(config, registry)
     requested = config.candidates
     trace: list[Candidate] = []
-    if requested == (AUTO,):
-        order = _auto_order(registry, trace)
-    else:
-        order = list(requested)
-        installed = sorted(registry.discover())
-        for name in order:  # a typo in a fallback list must not fall through silently
-            if name not in installed and name not in FIRST_PARTY:
-                raise missing_backend_error(name, installed)
-    errors = []
+    order = auto_order(registry, trace) if requested == (AUTO,) else list(requested)
     for i, name in enumerate(order):
         try:
             loaded, options = _evaluate(name, problem, config, registry)
         except BackendError as exc:
             if len(requested) == 1 and requested != (AUTO,):
+                if isinstance(exc, BackendUnavailableError):  # the user's one name: say which would serve
+                    raise BackendUnavailableError(f"{exc}{_alternatives(name, problem, config, registry)}") from None
                 raise
-            errors.append(exc)
             trace.append(Candidate(name, "rejected", str(exc)))
             continue
         trace.append(Candidate(name, "selected"))
         trace.extend(Candidate(rest, "not tried", f"{name} comes first") for rest in order[i + 1:])
         return loaded, options, Resolution(requested, config.source, problem, name, tuple(trace))
     details = "\n".join(f"  - {c.name}: {c.reason}" for c in trace if c.outcome == "rejected")
-    error = BackendUnavailableError(
-        f"no backend of {', '.join(requested)} can serve this problem ({problem.describe()}):\n{details}"
-    )
-    error.resolution = Resolution(requested, config.source, problem, None, tuple(trace))
-    raise error
+    raise BackendUnavailableError(
+        f"no backend of {', '.join(requested)} can serve this problem ({problem.describe()}):\n{details}",
+        resolution=Resolution(requested, config.source, problem, None, tuple(trace)))
+
+
+def _alternatives(refused: str, problem: Problem, config: Config, registry: Registry) -> str:
+    """``; backends that serve this problem here: a, b`` (or nothing): the remedy of a refusal."""
+    serving = []
+    for name in sorted(registry.discover(), key=lambda n: (n == RESERVED, n)):
+        if name == refused or registry.disabled_reason(name):
+            continue
+        try:
+            _evaluate(name, problem, config, registry)
+        except (BackendError, ConfigError):
+            continue
+        serving.append(name)
+    return f"; backends that serve this problem here: {', '.join(serving)}" if serving else ""
 
 
 def explain(config: Config, problem: Problem, registry: Registry) -> Resolution:
-    """Like :func:`resolve` but never raises for backend reasons: the trace says it all."""
+    """Like :func:`resolve` but never raises for backend reasons: the trace says it all, and it
+    goes on to every other installed backend with its own verdict for the problem (``not
+    requested``: whether it would serve it, and why not)."""
     try:
-        return resolve(config, problem, registry)[2]
+        resolution = resolve(config, problem, registry)[2]
+    except BackendUnavailableError as exc:
+        resolution = exc.resolution or Resolution(config.candidates, config.source, problem, None,
+                                                  (Candidate(", ".join(config.candidates), "rejected", str(exc)),))
     except BackendError as exc:
-        if getattr(exc, "resolution", None) is not None:
-            return exc.resolution
-        return Resolution(config.candidates, config.source, problem, None,
-                          (Candidate(", ".join(config.candidates), "rejected", str(exc)),))
+        resolution = Resolution(config.candidates, config.source, problem, None,
+                                (Candidate(", ".join(config.candidates), "rejected", str(exc)),))
+    seen = {c.name for c in resolution.trace}
+    others = []
+    for name in sorted(registry.discover(), key=lambda n: (n == RESERVED, n)):
+        if name in seen:
+            continue
+        reason = registry.disabled_reason(name)
+        if reason is None:
+            try:
+                _evaluate(name, problem, config, registry)
+            except (BackendError, ConfigError) as exc:
+                reason = str(exc)
+        others.append(Candidate(name, "not requested", reason or "would serve this problem"))
+    return attrs.evolve(resolution, trace=resolution.trace + tuple(others))

@@ -204,8 +204,11 @@ def write_backend(name: str, directory: Path, *, force: bool = False) -> Path:
         "pyproject.toml": PYPROJECT, "README.md": README, f"{module}/__init__.py": INIT,
         f"{module}/options.py": OPTIONS, f"{module}/plugin.py": PLUGIN, "tests/test_conformance.py": TEST,
     }
-    for relative, template in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.format(**fields))
+    try:
+        for relative, template in files.items():
+            path = root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(template.format(**fields))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {root}: {exc.strerror or exc}; pick a writable --dir") from None
     return root

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import ssu
 from ssu import faults
-from ssu.conformance import compare_with_reference, run_conformance
+from ssu.conformance import run_conformance
+from ssu.harness import compare_with_reference
 from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
 from ssu.options import build
 from ssu_backend_flashinfer_replayssm import cursors, layout, plugin, translate
@@ -205,8 +206,14 @@ def test_long_decodes_match_the_reference(emulated, state_dtype, tokens, extra, 
 
 def test_conformance_suite_passes_on_the_emulated_kernel(emulated):
     results = run_conformance(NAME, device="cpu", registry=emulated, options={"max_window": 4})
-    failed = [r for r in results if not r.passed]
+    failed = [r for r in results if r.status == "fail"]
     assert results and not failed, failed
+    passed = {r.name for r in results if r.status == "pass"}
+    assert {"slot ids outside the cache served as pad rows and reported",
+            "a commit with a layer not stepped is refused"} <= passed
+    skipped = {r.name for r in results if r.status == "skip"} - passed
+    assert skipped == {"CUDA-graph replay equals eager calls", "steps that write dst_slots",
+                       "an engine's cache adopted and stepped in place"}
 
 
 def _open(emulated, p, **options):

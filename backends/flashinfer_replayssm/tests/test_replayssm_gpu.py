@@ -14,7 +14,7 @@ import torch
 
 import ssu
 from ssu import conformance, oracle
-from ssu.conformance import compare_with_reference
+from ssu.harness import compare_with_reference
 from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
 
 pytestmark = pytest.mark.gpu

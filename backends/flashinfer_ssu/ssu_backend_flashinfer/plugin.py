@@ -112,6 +112,8 @@ def ssu_warmup(ctx, state, step):
     scratch rows, with a line per module: built, or found in FlashInfer's JIT cache."""
     from .translate import warm_module
 
+    if ctx.problem.device_type != "cuda":  # nothing to compile where FlashInfer does not run
+        return
     for index_dtype in ctx.options.warmup_index_dtypes:
         t0 = time.perf_counter()
         cached, name = warm_module(ctx, index_dtype)

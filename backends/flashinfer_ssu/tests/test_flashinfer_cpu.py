@@ -191,3 +191,47 @@ def test_weights_converted_once_per_tensor():
     D.mul_(2)  # modified in place: converted again
     again = cache(D, torch.bfloat16)
     assert again is not first and torch.equal(again, D.to(torch.bfloat16))
+
+
+# the whole backend on the emulated kernel -----------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ssu.harness import compare_with_reference  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]), tokens=st.sampled_from([1, 1, 3]),
+       adopt=st.booleans(), destinations=st.booleans(), pad_id=st.sampled_from([-1, 0, 99]),
+       index=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**16))
+def test_emulated_backend_matches_the_reference(emulated, state_dtype, tokens, adopt, destinations, pad_id, index,
+                                                seed):
+    """The backend's rows, guards, sinks, destinations and adopted caches around FlashInfer's
+    documented kernel: outputs and states against the reference, every other slot untouched."""
+    if adopt and destinations and pad_id < 0 or pad_id >= 12:
+        pad_id = 0 if adopt and destinations else pad_id  # an adopted cache's sink is its pad slot
+    p = problem(nheads=4, headdim=32, dstate=32, state_dtype=state_dtype, num_slots=12, max_batch=4,
+                tokens_per_step=tokens, speculative=tokens > 1, pad_slot_id=pad_id, engine_state=adopt)
+    gen = torch.Generator().manual_seed(seed)
+    compare_with_reference("flashinfer-emulated", p, gen, steps=3, pad=1, layers=2, index_dtype=index,
+                           registry=emulated, adopt=adopt, destinations=destinations and tokens == 1)
+
+
+def test_emulated_backend_is_conformant(emulated):
+    from ssu.conformance import run_conformance
+
+    results = run_conformance("flashinfer-emulated", registry=emulated)
+    failed = [r for r in results if r.status == "fail"]
+    assert not failed, failed
+    assert {r.name for r in results if r.status == "pass"} >= {
+        "an engine's cache adopted and stepped in place", "steps that write dst_slots",
+        "slot ids outside the cache served as pad rows and reported", "a commit with a layer not stepped is refused"}
+
+
+def test_destination_slots_on_an_adopted_cache_need_a_sink(emulated, gen):
+    p = problem(nheads=4, headdim=32, dstate=32, num_slots=8, engine_state=True)
+    kernel = ssu.open(ssu.Config(backend="flashinfer-emulated"), p, registry=emulated)
+    state = kernel.adopt_state(torch.zeros(8, 4, 32, 32))
+    slots = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(ssu.InputError, match="needs a sink row; an adopted cache has none unless the pad id names"):
+        kernel.step(state, dst_slots=slots + 3, **step_inputs(p, slots, gen).kwargs())

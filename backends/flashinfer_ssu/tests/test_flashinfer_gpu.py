@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu.conformance import check_cuda_graph, compare_with_reference, stochastic_rounding_bias
+from ssu.conformance import check_cuda_graph
+from ssu.harness import compare_with_reference, stochastic_rounding_bias
 
 pytestmark = pytest.mark.gpu
 

@@ -84,7 +84,7 @@ def test_stochastic_rounding_fp16(gen):
 def test_options_and_refusals():
     with pytest.raises(ssu.BackendUnavailableError, match="stochastic_rounding applies to an fp16 state cache only"):
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"stochastic_rounding": True}}), problem())
-    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.triton: block_p=3 is not valid"):
+    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.triton\.block_p=3 is not valid"):
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"block_p": 3}}), problem())
     with pytest.raises(ssu.ConfigError, match=r"philox_rounds=11 is out of range; use 1 to 10"):
         ssu.open(ssu.Config(backend="triton", backends={"triton": {"philox_rounds": 11}}), problem())

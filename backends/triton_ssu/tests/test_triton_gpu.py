@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import ssu
-from ssu.conformance import check_cuda_graph, stochastic_rounding_bias
+from ssu.conformance import check_cuda_graph
+from ssu.harness import stochastic_rounding_bias
 
 from triton_helpers import compare_steps, seeded_states
 

@@ -6,21 +6,30 @@ remedy, never a traceback (``SSU_DEBUG=1`` shows tracebacks).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+import warnings
 from typing import Optional, Sequence
 
 from ..errors import SSUError
-from .problem_args import add_problem_args, problem_from_args
+from .problem_args import add_problem_args, check_device, problem_from_args
+from .usage import Parser, UsageError
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ssu", description="Mamba2 selective state update: backends and checks.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def _version() -> str:
+    from .. import __version__
+    from ..records import PLUGIN_API_VERSION
+
+    return f"ssu {__version__} (ssu-core, plugin API {PLUGIN_API_VERSION})"
+
+
+def _parser() -> Parser:
+    parser = Parser(prog="ssu", description="Mamba2 selective state update: backends and checks.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
     p = sub.add_parser("backends", help="list installed backends with status and capabilities")
@@ -28,13 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="device to probe availability on (default: cuda if present, else cpu)")
     p.add_argument("--no-probe", action="store_true", help="read metadata only: import no backend")
 
-    p = sub.add_parser("explain", help="which backend would serve a problem, and why not the others")
+    p = sub.add_parser("explain", help="which backend would serve a problem, and every other backend's verdict")
     p.add_argument("--config", help="ssu.toml or pyproject.toml (default: search the working directory)")
     p.add_argument("--backend", help="backend name, comma-separated fallback list, or auto")
     add_problem_args(p)
 
-    p = sub.add_parser("check-config", help="validate a config file, including the options of installed backends")
-    p.add_argument("file")
+    p = sub.add_parser("check-config", help="validate a config file: names of installed backends and their options")
+    p.add_argument("file", nargs="?", help="ssu.toml or pyproject.toml (default: the file ssu.load_config() finds)")
 
     p = sub.add_parser("run", help="decode run over a Mamba2 stack, checked against the oracle (the main job)")
     p.add_argument("--config", help="ssu.toml or pyproject.toml (default: search the working directory)")
@@ -48,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="run the conformance checks on a backend, here")
     p.add_argument("--config", help="take the backend and its options from this file")
-    p.add_argument("--backend", help="backend to check (default: the configured one)")
+    p.add_argument("--backend", help="backend to check (default: the configured one; auto: what auto selects)")
     p.add_argument("--device", default=None, help="device (default: cuda if the backend supports it and one is present)")
 
     p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
@@ -74,6 +83,8 @@ def cmd_backends(args) -> int:
     from ..registry import list_backends
 
     device = args.device or ("cpu" if args.no_probe else _default_device())
+    if args.device:
+        check_device(args.device)
     infos = list_backends(probe=not args.no_probe, device=device)
     if args.json:
         print(json.dumps({"device": device, "backends": [i.to_dict() for i in infos]}, indent=2))
@@ -87,9 +98,12 @@ def cmd_backends(args) -> int:
             print(f"      reason: {info.reason}")
         if info.capabilities is not None:
             c = info.capabilities
+            extras = [name for name, on in (("speculative", c.speculative), ("cuda graphs", c.cuda_graphs),
+                                             ("adopts engine caches", c.adopt_state),
+                                             ("destination slots", c.destination_slots)) if on]
             print(f"      devices {','.join(sorted(c.devices))}; state {','.join(sorted(c.state_dtypes))}; "
                   f"inputs {','.join(sorted(c.input_dtypes))}; tokens/step <= {c.max_tokens_per_step}"
-                  f"{'; speculative' if c.speculative else ''}{'; cuda graphs' if c.cuda_graphs else ''}")
+                  + "".join(f"; {e}" for e in extras))
     return EXIT_OK
 
 
@@ -109,27 +123,68 @@ def cmd_explain(args) -> int:
 
 
 def cmd_check_config(args) -> int:
-    from ..config import load_config
-    from ..errors import BackendError
+    from ..config import find_config_file, load_config
+    from ..errors import BackendError, ConfigError
     from ..registry import default_registry
-    from ..resolve import _check_option_tables, _options
+    from ..resolve import check_backend_names, check_option_tables, validated_options
 
-    config = load_config(args.file, env={}, search=False)
+    path = args.file
+    if path is None:
+        found = find_config_file()
+        if found is None:
+            print(f"no config file in {os.getcwd()} (ssu.toml, or pyproject.toml with [tool.ssu]): the defaults "
+                  "apply (backend = reference, validate = true)")
+            return EXIT_OK
+        path = str(found)
+    config = load_config(path, env={}, search=False)
     registry = default_registry()
-    _check_option_tables(config, registry)
+    try:
+        check_backend_names(config, registry)
+    except BackendError as exc:
+        raise ConfigError(f"{path}: backend: {exc}") from None
+    check_option_tables(config, registry)
     notes = []
     for name in config.backends:
         if name not in registry.discover():
             notes.append(f"options for {name!r} not checked: that backend is not installed")
             continue
         try:
-            _options(registry.load(name), config)
+            validated_options(registry.load(name), config)  # an error names the file and the option
         except BackendError as exc:
             notes.append(f"options for {name!r} not checked: {exc}")
-    print(f"{args.file}: OK (backend = {', '.join(config.candidates)}, validate = {config.validate})")
+    print(f"{path}: OK (backend = {', '.join(config.candidates)}, validate = {config.validate})")
     for note in notes:
         print(f"  note: {note}")
     return EXIT_OK
+
+
+def _check_run_args(args, problem) -> None:
+    from ..inputs import usable_slots
+
+    for name in ("layers", "steps"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.check_every < 0:
+        raise UsageError(f"--check-every must be 0 (never) or more, got {args.check_every}")
+    if not 0 <= args.pad_rows < args.batch:
+        raise UsageError(f"--pad-rows must be 0 to {args.batch - 1} (at least one real row of --batch {args.batch}), "
+                         f"got {args.pad_rows}")
+    real = args.batch - args.pad_rows
+    if real > usable_slots(problem):
+        raise UsageError(f"--batch {args.batch} with --pad-rows {args.pad_rows} needs {real} distinct slots; --slots "
+                         f"{problem.num_slots} has {usable_slots(problem)}: give --slots {real} or more")
+
+
+def _check_memory(problem, layers: int) -> None:
+    from ..decode import memory_needed
+    from ..devices import available_bytes, gib
+
+    needed = memory_needed(problem, layers)
+    available = available_bytes(problem.device)
+    if available is not None and needed > available:
+        raise UsageError(f"this run needs about {gib(needed)} ({layers} layers x {problem.num_slots} slots of "
+                         f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
+                         f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes")
 
 
 def cmd_run(args) -> int:
@@ -137,10 +192,9 @@ def cmd_run(args) -> int:
     from ..kernel import open_kernel
     from .progress import Progress
 
-    for name in ("layers", "steps"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"ssu run: error: --{name} must be at least 1")
     problem = problem_from_args(args)
+    _check_run_args(args, problem)
+    _check_memory(problem, args.layers)
     kernel = open_kernel(_config(args), problem)
     print(f"ssu run: backend {kernel.backend} ({kernel.distribution}); {problem.describe()}", flush=True)
     bar = Progress(args.steps, "decode")
@@ -153,23 +207,46 @@ def cmd_run(args) -> int:
     return EXIT_OK if report.ok else EXIT_WRONG
 
 
+def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str]:
+    """(backend, device) to verify: the configured name, or for a list or ``auto`` the first
+    candidate available here, as resolution would try them."""
+    from ..config import AUTO
+    from ..errors import BackendUnavailableError
+    from ..resolve import auto_order
+
+    names = auto_order(registry, []) if config.candidates == (AUTO,) else list(config.candidates)
+    reasons = []
+    for name in names:
+        loaded = registry.load(name)
+        here = device or _default_device(loaded.spec.capabilities.devices)
+        availability = loaded.probe(here)
+        if availability.available:
+            return name, here
+        reasons.append(f"backend {name!r} is unavailable on {here}: {availability.message()}")
+    if len(reasons) == 1:
+        raise BackendUnavailableError(reasons[0])
+    raise BackendUnavailableError(f"no backend of {', '.join(config.candidates)} can run here: " + "; ".join(reasons))
+
+
 def cmd_verify(args) -> int:
     from ..conformance import run_conformance
     from ..registry import default_registry
 
+    if args.device:
+        check_device(args.device)
     config = _config(args)
-    name = config.candidates[0]
     registry = default_registry()
-    caps = registry.load(name).spec.capabilities
-    device = args.device or _default_device(caps.devices)
+    name, device = _verified_backend(config, registry, args.device)
+    chosen = "" if config.candidates == (name,) else f" (from {', '.join(config.candidates)})"
+    print(f"ssu verify: backend {name}{chosen} on {device}", flush=True)
     results = run_conformance(name, device=device, registry=registry, options=config.options_for(name))
-    failed = [r for r in results if not r.passed]
-    print(f"ssu verify: backend {name} on {device}")
     for r in results:
-        print(f"  {'PASS' if r.passed else 'FAIL'}  {r.name}  [{r.problem}]")
+        print(f"  {r.status.upper():4s}  {r.name}  [{r.problem}]")
         if r.detail:
             print(f"        {r.detail}")
-    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    failed = sum(r.status == "fail" for r in results)
+    skipped = sum(r.status == "skip" for r in results)
+    print(f"{len(results) - failed - skipped} passed, {failed} failed, {skipped} skipped")
     return EXIT_WRONG if failed else EXIT_OK
 
 
@@ -182,19 +259,36 @@ def cmd_new_backend(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"new-backend": cmd_new_backend, "backends": cmd_backends, "explain": cmd_explain, "check-config": cmd_check_config,
-            "run": cmd_run, "verify": cmd_verify}
+def _commands() -> dict:
+    return {"new-backend": cmd_new_backend, "backends": cmd_backends, "explain": cmd_explain,
+            "check-config": cmd_check_config, "run": cmd_run, "verify": cmd_verify}
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """ssu's own warnings as one line (``ssu: warning: ...``), others as Python prints them."""
+    from ..errors import SSUWarning
+
+    if issubclass(category, SSUWarning):
+        print(f"ssu: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    warnings.showwarning = _show_warning
     args = _parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return _commands()[args.command](args)
     except SSUError as exc:
         if os.environ.get("SSU_DEBUG"):
             raise
-        print(f"ssu {args.command}: error: {exc}", file=sys.stderr)
+        message = str(exc).replace("\n", "\n  ")
+        print(f"ssu {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader stopped reading (``ssu backends --json | head -1``): not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

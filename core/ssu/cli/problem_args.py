@@ -1,10 +1,13 @@
-"""Problem options shared by ``ssu explain``, ``ssu run`` and ``ssu verify``."""
+"""Problem options shared by ``ssu explain``, ``ssu run`` and ``ssu verify``, checked under the
+names the user typed (``--batch``, not ``Problem.max_batch``)."""
 
 from __future__ import annotations
 
 import argparse
 
-#: head shapes of real models (SPEC.md); ``--model`` picks one, explicit options override it
+from .usage import UsageError
+
+#: head shapes of real models (docs/spec.md); ``--model`` picks one, explicit options override it
 MODELS = {
     "nemotron-h-8b": dict(nheads=128, headdim=64, dstate=128, ngroups=8),
     "nemotron-3-super": dict(nheads=128, headdim=64, dstate=128, ngroups=8),
@@ -14,6 +17,9 @@ MODELS = {
     "granite-4.0-h": dict(nheads=128, headdim=64, dstate=128, ngroups=1),
     "mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
 }
+
+#: the options whose value must be a positive integer when given
+POSITIVE = ("nheads", "headdim", "dstate", "ngroups", "batch", "slots", "tokens")
 
 
 def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4) -> None:
@@ -31,14 +37,39 @@ def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4)
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default cpu)")
 
 
+def check_device(device: str, option: str = "--device") -> str:
+    """``device`` if torch can parse it as a device string, else a usage error naming ``option``."""
+    import torch
+
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"{option} {device!r} is not a device; use cpu, cuda, cuda:1, ...") from None
+    return device
+
+
 def problem_from_args(args: argparse.Namespace):
+    """The problem the options describe; every bad value is a usage error naming its option."""
+    from ..errors import ConfigError
     from ..problem import Problem
 
+    for name in POSITIVE:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be at least 1, got {value}")
+    check_device(args.device)
     shapes = dict(MODELS[args.model])
     for key in shapes:
         value = getattr(args, key)
         if value is not None:
             shapes[key] = value
-    return Problem(**shapes, state_dtype=args.state_dtype, input_dtype=args.input_dtype,
-                   num_slots=args.slots or 2 * args.batch, max_batch=args.batch, tokens_per_step=args.tokens,
-                   speculative=args.tokens > 1, device=args.device)
+    try:
+        return Problem(**shapes, state_dtype=args.state_dtype, input_dtype=args.input_dtype,
+                       num_slots=args.slots if args.slots is not None else 2 * args.batch, max_batch=args.batch,
+                       tokens_per_step=args.tokens, speculative=args.tokens > 1, device=args.device)
+    except ConfigError as exc:
+        message = str(exc)
+        for field, option in (("state_dtype", "--state-dtype"), ("input_dtype", "--input-dtype"),
+                              ("nheads", "--nheads"), ("ngroups", "--ngroups")):
+            message = message.replace(f"Problem.{field}", option).replace(f"{field}=", f"{option} ")
+        raise UsageError(message) from None

@@ -1,0 +1,123 @@
+"""The command line's promise, checked in a subprocess as a user meets it: exit code 0 ok, 1 results
+wrong, 2 usage or config error; an error is one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+SMALL = ["--nheads", "4", "--headdim", "8", "--dstate", "16", "--ngroups", "2"]
+
+
+def ssu(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, **(env or {}))
+    environment.pop("TRITON_INTERPRET", None)
+    environment.pop("SSU_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "ssu", *args], capture_output=True, text=True, cwd=cwd,
+                          env=environment, timeout=300)
+
+
+def one_error_line(result, code: int = 2) -> str:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--pad-rows", "-1"], r"--pad-rows must be 0 to 3 \(at least one real row of --batch 4\), got -1"),
+    (["run", "--pad-rows", "4", "--batch", "4"], r"--pad-rows must be 0 to 3 .* got 4"),
+    (["run", "--slots", "2"], r"--batch 4 with --pad-rows 0 needs 4 distinct slots; --slots 2 has 2"),
+    (["run", "--batch", "10", "--slots", "4"], r"needs 10 distinct slots; --slots 4 has 4: give --slots 10 or more"),
+    (["run", "--slots", "0"], r"--slots must be at least 1, got 0"),
+    (["run", "--layers", "0"], r"--layers must be at least 1, got 0"),
+    (["run", "--steps", "-1"], r"--steps must be at least 1, got -1"),
+    (["run", "--check-every", "-2"], r"--check-every must be 0 \(never\) or more"),
+    (["run", "--nheads", "1000000"], r"this run needs about [\d.]+ GiB .* but cpu has [\d.]+ GiB available"),
+    (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
+    (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
+    (["run", "--state-dtype", "int8"], r"--state-dtype: 'int8' is not a dtype ssu knows"),
+    (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
+    (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
+    (["backends", "--device", "foo"], r"--device 'foo' is not a device"),
+    (["verify", "--backend", "triton"], r"backend 'triton' is unavailable on cpu: on the CPU Triton runs only in its "
+                                        r"interpreter; set TRITON_INTERPRET=1"),
+    (["frobnicate"], r"invalid choice: 'frobnicate'"),
+])
+def test_usage_errors(args, message):
+    import re
+
+    line = one_error_line(ssu(*args))
+    assert re.search(message, line), line
+
+
+def test_new_backend_into_an_unwritable_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = one_error_line(ssu("new-backend", "foo", "--dir", str(blocker / "sub")))
+    assert "cannot write" in line and "pick a writable --dir" in line
+
+
+def test_a_closed_pipe_is_not_an_error():
+    result = subprocess.run(f"{sys.executable} -m ssu backends --json | head -1", shell=True, capture_output=True,
+                            text=True, timeout=300)
+    assert result.stdout.strip() == "{" and result.stderr == ""
+
+
+def test_run_reports_rates_and_says_when_nothing_was_checked():
+    result = ssu("run", "--layers", "2", "--steps", "2", "--batch", "2", *SMALL)
+    assert result.returncode == 0, result.stderr
+    assert "step rate" in result.stdout and "kernel calls only" in result.stdout and "wall time" in result.stdout
+    assert "result          OK" in result.stdout
+    unchecked = ssu("run", "--layers", "2", "--steps", "2", "--batch", "2", "--check-every", "0", *SMALL)
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert "result          OK" not in unchecked.stdout and "not checked" in unchecked.stdout
+
+
+def test_check_config_resolves_backend_names(tmp_path):
+    (tmp_path / "typo.toml").write_text('[ssu]\nbackend = "flashinfr"\n')
+    assert "did you mean 'flashinfer'" in one_error_line(ssu("check-config", "typo.toml", cwd=tmp_path))
+    (tmp_path / "list.toml").write_text('[ssu]\nbackend = ["tritn", "reference"]\n')
+    assert "did you mean 'triton'" in one_error_line(ssu("check-config", "list.toml", cwd=tmp_path))
+    (tmp_path / "range.toml").write_text('[ssu]\nbackend = "triton"\n[ssu.backends.triton]\nphilox_rounds = 11\n')
+    line = one_error_line(ssu("check-config", "range.toml", cwd=tmp_path))
+    assert line.endswith("range.toml: ssu.backends.triton.philox_rounds=11 is out of range; use 1 to 10")
+
+
+def test_check_config_without_a_file_checks_the_one_load_config_finds(tmp_path):
+    result = ssu("check-config", cwd=tmp_path)
+    assert result.returncode == 0 and "no config file in" in result.stdout
+    (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = "refernce"\n')
+    assert "did you mean 'reference'" in one_error_line(ssu("check-config", cwd=tmp_path))
+    (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = "reference"\n')
+    result = ssu("check-config", cwd=tmp_path)
+    assert result.returncode == 0 and "ssu.toml: OK" in result.stdout
+
+
+def test_verify_reports_skipped_checks_and_verifies_what_auto_selects():
+    result = ssu("verify", "--backend", "auto")
+    assert result.returncode == 0, result.stderr
+    assert "backend reference (from auto) on cpu" in result.stdout
+    assert "SKIP  CUDA-graph replay" in result.stdout and "needs a CUDA device" in result.stdout
+    assert "PASS  CUDA-graph" not in result.stdout and " skipped" in result.stdout.splitlines()[-1]
+
+
+def test_a_plugin_filter_naming_nothing_warns():
+    result = ssu("backends", "--no-probe", env={"SSU_PLUGINS": "tritn"})
+    assert result.returncode == 0
+    warning = [line for line in result.stderr.splitlines() if line]
+    assert warning == [warning[0]] and "SSU_PLUGINS names 'tritn', which is no installed backend" in warning[0]
+    assert "did you mean 'triton'" in warning[0]
+
+
+def test_version_and_explain_lists_every_backend():
+    result = ssu("--version")
+    assert result.returncode == 0 and result.stdout.startswith("ssu 0.1.0") and "plugin API" in result.stdout
+    result = ssu("explain", *SMALL)
+    assert result.returncode == 0
+    for name in ("reference: selected", "triton: not requested", "flashinfer: not requested"):
+        assert name in result.stdout
