@@ -14,6 +14,7 @@ backends imports no GPU library (and not even torch).
 from __future__ import annotations
 
 from .config import Config, load_config
+from .dropin import selective_state_update
 from .errors import (BackendBrokenError, BackendDisabledError, BackendError, BackendIncompatibleError,
                      BackendNotInstalledError, BackendUnavailableError, ConfigError, InputError, SSUError,
                      SSUWarning, UnknownBackendError)
@@ -34,6 +35,7 @@ __all__ = [
     "BackendUnavailableError", "Capabilities", "Config", "ConfigError", "Context", "InputError", "Kernel",
     "PLUGIN_API_VERSION", "Problem", "SSUError", "SSUWarning", "State", "UnknownBackendError", "Verdict",
     "default_registry", "explain", "hookimpl", "list_backends", "load_config", "open", "register_backend",
+    "selective_state_update",
 ]
 
 

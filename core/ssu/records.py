@@ -23,8 +23,9 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: are removed before the next major. 1.1 added ``Capabilities.layers_share_commit``; 1.2 added
 #: adopted engine caches (``Capabilities.adopt_state``, hooks ``ssu_adopt_state`` and
 #: ``ssu_sync_state``), destination slots (``Capabilities.destination_slots``, the step's
-#: ``dst_slots``), pad ids inside the cache (``Capabilities.any_pad_slot_id``) and guarded slot ids
-#: (``Capabilities.guards_slots``, ``Context.faults``).
+#: ``dst_slots``), pad ids inside the cache (``Capabilities.any_pad_slot_id``), guarded slot ids
+#: (``Capabilities.guards_slots``, ``Context.faults``) and expanded per-head parameters
+#: (``Capabilities.tied_inputs``).
 PLUGIN_API_VERSION = "1.2"
 
 
@@ -54,6 +55,9 @@ class Capabilities:
     ``guards_slots``: the step and commit treat slot ids outside the cache (and accepted counts
     outside 1..T) as pad rows and record them in ``Context.faults``; without it the core guards
     the ids itself before each validated call.
+    ``tied_inputs``: the step also takes the per-head parameters in Mamba2's expanded form, as
+    engines pass them: dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P), each with stride 0
+    along P (and N), so that no view has to be made per call.
     """
 
     devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
@@ -74,6 +78,7 @@ class Capabilities:
     destination_slots: bool = False
     any_pad_slot_id: bool = False
     guards_slots: bool = False
+    tied_inputs: bool = False
 
     def check(self, problem: "Problem") -> list[str]:
         """Reasons why ``problem`` is outside these capabilities (empty list: inside)."""

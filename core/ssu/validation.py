@@ -30,6 +30,17 @@ def _tensor_guards():
     return TensorGuards
 
 
+#: positions of dt, A, D and dt_bias among a call's tensors (:meth:`Signatures._tensors`)
+TIED = (1, 2, 6, 8)
+
+
+def _python_key(tensors) -> tuple:
+    """A signature as a Python key: what the guards compare (the strides of ``out`` and the tied
+    strides of the per-head parameters included)."""
+    return (tuple((t.shape, t.dtype, t.device) for t in tensors) + (tensors[9].stride(),)
+            + tuple(tensors[i].stride()[1:] for i in TIED))
+
+
 class Signatures:
     """The input signatures of one kernel that passed the full check.
 
@@ -61,7 +72,7 @@ class Signatures:
                     return True
             return False
         try:
-            key = tuple((t.shape, t.dtype, t.device) for t in tensors) + (tensors[9].stride(),)
+            key = _python_key(tensors)
         except AttributeError:
             return False
         return key in self._entries
@@ -73,6 +84,8 @@ class Signatures:
         if self._guard_class is not None:
             strides = [[None] * t.dim() for t in tensors]
             strides[9] = list(tensors[9].stride())  # out: its strides are part of what was checked
+            for i in TIED:  # a per-head parameter's stride 0 along P (and N), where expanded
+                strides[i][1:] = list(tensors[i].stride()[1:])
             try:
                 entry = self._guard_class(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                                           dynamic_dims_strides=strides)
@@ -80,7 +93,7 @@ class Signatures:
                 self._guard_class = None
                 self._entries.clear()
         if entry is None:
-            entry = tuple((t.shape, t.dtype, t.device) for t in tensors) + (tensors[9].stride(),)
+            entry = _python_key(tensors)
         self._entries.insert(0, entry)
         del self._entries[MAX_SIGNATURES:]
 
@@ -120,6 +133,31 @@ class Checker:
         got = dtype_name(t.dtype)
         if got not in dtypes:
             raise InputError(f"{name}: expected dtype {' or '.join(dtypes)}, got {got}")
+
+    def per_head(self, name: str, t: Any, shape: tuple, tied: tuple, dtypes: tuple) -> None:
+        """A per-head parameter: ``shape``, or (for a backend with ``tied_inputs``) ``shape + tied``
+        with stride 0 along the ``tied`` dimensions (Mamba2's expanded "tie_hdim" form)."""
+        import torch
+
+        expanded = shape + tied
+        if isinstance(t, torch.Tensor) and t.dim() == len(expanded) and tuple(t.shape) == expanded:
+            along = t.stride()[len(shape):]
+            if any(along):
+                raise InputError(
+                    f"{name}: varies along its last {len(tied)} dimension(s) (strides {along}, not 0): ssu serves "
+                    f"Mamba2's per-head {name}, {self._shape(shape)} or its expansion with stride 0; untied "
+                    "parameters (Mamba-1 layers) are not served")
+            if not self.capabilities.tied_inputs:
+                raise InputError(f"{name}: backend {self.backend!r} takes it per head, {self._shape(shape)}; pass "
+                                 f"{name}[{', '.join([':'] * len(shape) + ['0'] * len(tied))}] (its expansion "
+                                 "over the head dimension is not served by this backend)")
+            self.tensor(name, t, expanded, dtypes)
+            return
+        self.tensor(name, t, shape, dtypes)
+
+    @staticmethod
+    def _shape(shape: tuple) -> str:
+        return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
 
     def state(self, state: Any, layer: Any) -> None:
         if not isinstance(state, State):
@@ -182,14 +220,14 @@ class Checker:
         else:
             lead = (b,)
         self.tensor("x", x, lead + (H, P), inp, what=" (batch, tokens, heads, headdim)" if p.multi_token else " (batch, heads, headdim)")
-        self.tensor("dt", dt, lead + (H,), wide)
-        self.tensor("A", A, (H,), ("fp32",))
+        self.per_head("dt", dt, lead + (H,), (P,), wide)
+        self.per_head("A", A, (H,), (P, N), ("fp32",))
         self.tensor("B", B, lead + (G, N), inp)
         self.tensor("C", C, lead + (G, N), inp)
         if D is not None:
-            self.tensor("D", D, (H,), wide)
+            self.per_head("D", D, (H,), (P,), wide)
         if dt_bias is not None:
-            self.tensor("dt_bias", dt_bias, (H,), wide)
+            self.per_head("dt_bias", dt_bias, (H,), (P,), wide)
         if z is not None:
             self.tensor("z", z, lead + (H, P), inp)
         if out is not None:

@@ -33,7 +33,7 @@ def ssu_backend():
                                       max_tokens_per_step=MAX_WINDOW, speculative=True, headdims=HEADDIMS,
                                       dstates=DSTATES,
                                       cuda_graphs=True, layers_share_commit=True, any_pad_slot_id=True,
-                                      guards_slots=True),
+                                      guards_slots=True, tied_inputs=True),
         options_class=ReplayOptions,
         description="FlashInfer ReplaySSM (checkpointing_ssu): checkpoint + ring of recent inputs, cursor commits",
         url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_replayssm",

@@ -17,7 +17,7 @@ import torch
 
 from ssu import faults
 from ssu.errors import InputError
-from ssu_backend_flashinfer.translate import real_ids, record_outside, row_buffers, tie_hdim
+from ssu_backend_flashinfer.translate import per_head, real_ids, record_outside, row_buffers, tie_hdim
 
 from . import cursors, layout
 
@@ -41,7 +41,7 @@ def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias
         C=C,
         out=out,
         z=z,
-        **tie_hdim(problem, dt, A, D, dt_bias),
+        **tie_hdim(problem, dt, A, D, dt_bias, x),
         dt_softplus=dt_softplus,
         state_batch_indices=rows,
         pad_slot_id=-1,  # every pad row already points at the pad slot
@@ -149,9 +149,9 @@ def make_step(ctx):
         else:
             x4, dt3, B4, C4, out4 = x.unsqueeze(1), dt.unsqueeze(1), B.unsqueeze(1), C.unsqueeze(1), out.unsqueeze(1)
             z4 = None if z is None else z.unsqueeze(1)
-        D = zero_D if D is None else (D if D.dtype == torch.float32 else converted(D, torch.float32))
+        D = zero_D if D is None else (D if D.dtype == torch.float32 else converted(per_head(D), torch.float32))
         if dt_bias is not None and dt_bias.dtype != torch.float32:
-            dt_bias = converted(dt_bias, torch.float32)
+            dt_bias = converted(per_head(dt_bias), torch.float32)
         rows = cache_rows(scratch, p, slots, record)
         checkpointing_ssu(**cs_arguments(p, options, state.buffers, layer, x4, dt3, A, B4, C4, D, z4, dt_bias,
                                          dt_softplus, out4, rows, trio))

@@ -32,14 +32,20 @@ from ssu.errors import InputError
 from ssu.slot_state import versions
 
 
-def tie_hdim(problem, dt, A, D, dt_bias) -> dict:
+def tie_hdim(problem, dt, A, D, dt_bias, x) -> dict:
     """dt, A, D and dt_bias as FlashInfer's "tie_hdim" views: per head, broadcast with stride 0
-    over the head dimension (dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P))."""
+    over the head dimension (dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P)); given in that
+    form already (``Capabilities.tied_inputs``), they pass as they are."""
     H, P, N = problem.nheads, problem.headdim, problem.dstate
-    return dict(dt=dt.unsqueeze(-1).expand(*dt.shape, P),
-                A=A[:, None, None].expand(H, P, N),
-                D=D[:, None].expand(H, P),
-                dt_bias=None if dt_bias is None else dt_bias[:, None].expand(H, P))
+    return dict(dt=dt if dt.dim() == x.dim() else dt.unsqueeze(-1).expand(*dt.shape, P),
+                A=A if A.dim() == 3 else A[:, None, None].expand(H, P, N),
+                D=D if D.dim() == 2 else D[:, None].expand(H, P),
+                dt_bias=None if dt_bias is None else dt_bias if dt_bias.dim() == 2 else dt_bias[:, None].expand(H, P))
+
+
+def per_head(t):
+    """A per-head parameter given (H,) or expanded (H, P), as (H,)."""
+    return t[:, 0] if t.dim() == 2 else t
 
 
 def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, read_rows,
@@ -53,7 +59,7 @@ def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt
         B=B,
         C=C,
         z=z,
-        **tie_hdim(problem, dt, A, D, dt_bias),
+        **tie_hdim(problem, dt, A, D, dt_bias, x),
         dt_softplus=dt_softplus,
         state_batch_indices=read_rows,
         pad_slot_id=problem.pad_slot_id,
@@ -245,9 +251,9 @@ def make_step(ctx):
         if dst_slots is not None and state.adopted and not pad_in_cache:
             raise InputError(NO_SINK)
         weight = dt.dtype
-        D = zero_D[weight] if D is None else (D if D.dtype == weight else converted(D, weight))
+        D = zero_D[weight] if D is None else (D if D.dtype == weight else converted(per_head(D), weight))
         if dt_bias is not None and dt_bias.dtype != weight:
-            dt_bias = converted(dt_bias, weight)
+            dt_bias = converted(per_head(dt_bias), weight)
         target = layer_rows(state)[layer]
         rows = guarded_rows(scratch, p, state, slots, dst_slots, record)
         selective_state_update(**fi_arguments(p, options, target.rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus,

@@ -167,7 +167,7 @@ def ssu_kernel(
     read_ptr, write_ptr, cursor_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, slots_ptr, dst_ptr, D_ptr, z_ptr,
     dt_bias_ptr, out_ptr, seed_ptr, faults_ptr,
     pad_slot_id, num_slots,
-    r_slot, r_ver, w_slot, w_ver, s_head, s_p,
+    r_slot, r_ver, w_slot, w_ver, s_head, s_p, a_h, d_h, bias_h,
     x_b, x_t, x_h, x_p,
     dt_b, dt_t, dt_h,
     B_b, B_t, B_g, B_n,
@@ -213,17 +213,17 @@ def ssu_kernel(
     rbase = read_ptr + safe_slot * r_slot + head * s_head
     wbase = write_ptr + tl.where(dst_valid, dst, 0) * w_slot + head * s_head
 
-    a = tl.load(A_ptr + head).to(tl.float32)
+    a = tl.load(A_ptr + head * a_h).to(tl.float32)
     if BRANCHLESS:
-        d_skip = tl.load(D_ptr + head, mask=has_d, other=0.0).to(tl.float32)
-        bias = tl.load(dt_bias_ptr + head, mask=has_dt_bias, other=0.0).to(tl.float32)
+        d_skip = tl.load(D_ptr + head * d_h, mask=has_d, other=0.0).to(tl.float32)
+        bias = tl.load(dt_bias_ptr + head * bias_h, mask=has_dt_bias, other=0.0).to(tl.float32)
     else:
         d_skip = 0.0
         if has_d:
-            d_skip = tl.load(D_ptr + head).to(tl.float32)
+            d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
         bias = 0.0
         if has_dt_bias:
-            bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+            bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
     seed = 0
     element = (dst * 65599 + head * P * N).to(tl.uint32)
     if STOCHASTIC:
@@ -268,7 +268,8 @@ def _pdl_capable(device) -> bool:
 
 
 def _strides(t, lead: int):
-    """Strides of a (b, [T,] ...) tensor as (b, t, rest...) with a zero token stride if absent."""
+    """Strides of a (b, [T,] ...) tensor as (b, t, rest...) with a zero token stride if absent (a
+    per-head dt expanded over P keeps its head stride third; its P stride, 0, is not read)."""
     st = t.stride()
     return (st[0], 0) + st[1:] if lead == 1 else st
 
@@ -322,7 +323,8 @@ def launch(read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplu
         dst_slots if dst_slots is not None else slots, D if D is not None else A, z if z is not None else x,
         dt_bias if dt_bias is not None else A, out, seed if seed is not None else slots, faults,
         consts.pad_slot_id, consts.num_slots,
-        rs[0], rs[1], ws[0], ws[1], rs[2], rs[3],
+        rs[0], rs[1], ws[0], ws[1], rs[2], rs[3], A.stride(0), 0 if D is None else D.stride(0),
+        0 if dt_bias is None else dt_bias.stride(0),
         xs[0], xs[1], xs[2], xs[3],
         dts[0], dts[1], dts[2],
         Bs[0], Bs[1], Bs[2], Bs[3],

@@ -36,7 +36,7 @@ def ssu_backend():
         capabilities=ssu.Capabilities(devices={"cuda", "cpu"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
                                       stochastic_rounding=True, cuda_graphs=True, torch_compile=True,
                                       adopt_state=True, destination_slots=True, any_pad_slot_id=True,
-                                      guards_slots=True),
+                                      guards_slots=True, tied_inputs=True),
         options_class=TritonOptions,
         description="Triton SSU kernel: one state read and T writes per sequence, tuned per batch bucket",
         url="https://github.com/ssu-project/ssu/tree/main/backends/triton_ssu",

@@ -243,3 +243,52 @@ def test_torch_compile_custom_op(gen):
     want = reference.step(rs, **inputs) * 2
     assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert torch.allclose(kernel.read_state(ts, slots), reference.read_state(rs, slots), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(state=st.sampled_from(["fp32", "bf16"]), T=st.sampled_from([1, 1, 3]), destinations=st.booleans(),
+       pad_id=st.sampled_from([-1, 0, 99]), int64=st.booleans(), seed=st.integers(0, 2**16))
+def test_adopted_caches_destinations_and_pad_ids(state, T, destinations, pad_id, int64, seed):
+    """An engine's cache (a view with a 2x slot stride) stepped in place, speculative drafts
+    committed into it, destination slots, pad ids outside and inside the cache."""
+    p = problem(state_dtype=state, num_slots=11, max_batch=4, tokens_per_step=T, speculative=T > 1,
+                pad_slot_id=pad_id, engine_state=True)
+    compare_steps(p, torch.Generator().manual_seed(seed), steps=3, pad=1, layers=2, adopt=True,
+                  destinations=destinations and T == 1, index_dtype=torch.int64 if int64 else torch.int32)
+
+
+def test_destination_slots_on_an_allocated_state(gen):
+    compare_steps(problem(num_slots=11, pad_slot_id=0), gen, steps=3, pad=1, destinations=True)
+
+
+def test_ids_outside_the_cache_in_the_kernel(gen):
+    """The kernel's own guard (no core guard: the backend declares guards_slots): rows with ids
+    outside the cache are pad rows and the first is recorded; commits with counts outside 1..T too."""
+    from ssu.conformance import check_guarded_ids
+
+    for fields in ({}, {"tokens_per_step": 3, "speculative": True}, {"engine_state": True}):
+        kernel = ssu.open(ssu.Config(backend="triton"), problem(num_slots=9, **fields))
+        assert kernel.capabilities.guards_slots
+        check_guarded_ids(kernel, gen)
+
+
+def test_dropin_through_triton(gen):
+    from ssu import oracle
+
+    ssu.dropin.clear()
+    cache = torch.randn(6, 4, 8, 16, generator=gen, device=DEVICE)
+    before = cache.clone()
+    x = torch.randn(3, 4, 8, generator=gen).bfloat16().to(DEVICE)
+    dt = torch.randn(3, 4, generator=gen).bfloat16().to(DEVICE)
+    A = (-torch.rand(4, generator=gen) - 1).to(DEVICE)
+    B, C = (torch.randn(3, 2, 16, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    D = torch.randn(4, generator=gen).to(DEVICE)
+    out = ssu.selective_state_update(cache, x, dt[:, :, None].expand(-1, -1, 8), A[:, None, None].expand(-1, 8, 16),
+                                     B, C, D[:, None].expand(-1, 8), dt_softplus=True,
+                                     config=ssu.Config(backend="triton"))
+    states, outs = oracle.ssu_math64(before[:3], x[:, None], dt[:, None], A, B[:, None], C[:, None], D=D,
+                                     dt_softplus=True)
+    assert oracle.rel_error(out[:, None], outs) < oracle.tolerance("fp32", "bf16")
+    assert oracle.rel_error(cache[:3], states[:, 0]) < oracle.tolerance("fp32", "bf16")
+    assert torch.equal(cache[3:], before[3:])
+    ssu.dropin.clear()

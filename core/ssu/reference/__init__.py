@@ -27,7 +27,7 @@ def ssu_backend():
         factory=_factory,
         capabilities=Capabilities(devices={"cpu", "cuda", "mps", "xpu"}, max_tokens_per_step=64, speculative=True,
                                   adopt_state=True, destination_slots=True, any_pad_slot_id=True,
-                                  guards_slots=True),
+                                  guards_slots=True, tied_inputs=True),
         description="pure PyTorch reference (fp32 math); the correctness oracle, works anywhere",
         url="https://github.com/ssu-project/ssu",
         priority=-1000,

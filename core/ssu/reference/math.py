@@ -14,6 +14,20 @@ import torch.nn.functional as F
 from .. import faults, slot_state
 
 
+def per_head(x, dt, A, D, dt_bias):
+    """dt, A, D and dt_bias per head, also when given in Mamba2's expanded form (stride 0 along P
+    and N): (b, [T,] H), (H,), (H,), (H,)."""
+    if dt.dim() == x.dim():
+        dt = dt[..., 0]
+    if A.dim() == 3:
+        A = A[:, 0, 0]
+    if D is not None and D.dim() == 2:
+        D = D[:, 0]
+    if dt_bias is not None and dt_bias.dim() == 2:
+        dt_bias = dt_bias[:, 0]
+    return dt, A, D, dt_bias
+
+
 def make_step(ctx):
     """Factory of the reference backend: the step callable for one kernel."""
     p = ctx.problem
@@ -34,6 +48,7 @@ def make_step(ctx):
              dst_slots=None):
         if out is None:
             out = torch.empty_like(x)
+        dt, A, D, dt_bias = per_head(x, dt, A, D, dt_bias)
         xs, dts, Bs, Cs = x, dt, B, C
         zs, outs = z, out
         if not speculative:  # give every tensor a token axis of length 1

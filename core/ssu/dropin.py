@@ -1,0 +1,163 @@
+"""``ssu.selective_state_update``: the SSU with the signature mamba_ssm made common, on the caller's
+own state cache, through the configured backend.
+
+Model code and engines call it as they call mamba_ssm's or FlashInfer's function::
+
+    out = ssu.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus=True,
+                                     state_batch_indices=slots, pad_slot_id=-1)
+
+The first call for a problem (the state's and inputs' shapes and dtypes, the cache's size, the pad
+id, the device) opens a kernel through the configured backend (``config``, else
+:func:`ssu.load_config` with ``SSU_BACKEND``, read once), adopts ``state`` in place and warms the
+kernel up (JIT, tuning): make that call before capturing a CUDA graph. Later calls find both in a
+cache and go straight to ``kernel.step``, whose checks run once per input signature; a larger
+batch than seen so far opens a kernel sized for it. Per-head parameters pass as they come, per
+head or expanded over P and N with stride 0 (Mamba2's "tie_hdim"); parameters that really vary
+along P or N (Mamba-1 layers) are refused, naming the argument.
+
+Pad rows follow ssu's rule: a row whose slot is ``pad_slot_id`` reads a zero state, writes no
+state and still writes its output row (mamba_ssm writes zeros there).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Optional
+
+import attrs
+
+from .errors import InputError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .config import Config
+    from .kernel import Kernel
+    from .records import State
+
+
+@attrs.define(eq=False)
+class _Adopted:
+    """One engine tensor adopted by one kernel."""
+
+    tensor: "weakref.ref[Tensor]"
+    kernel: "Kernel"
+    state: "State"
+
+
+_configs: dict = {}     # id(config) -> the Config used (None: the loaded one)
+_kernels: dict = {}     # (problem fields but the batch, id(config)) -> Kernel
+_adopted: dict = {}     # (id(state), id(config)) -> _Adopted
+_rows: dict = {}        # (batch, device) -> arange(batch): the slots of a call without state_batch_indices
+
+
+def clear() -> None:
+    """Forget every kernel, adopted cache and loaded config (after changing ``ssu.toml`` or
+    ``SSU_BACKEND``, or to free what the kernels hold)."""
+    _configs.clear()
+    _kernels.clear()
+    _adopted.clear()
+    _rows.clear()
+
+
+def selective_state_update(state: "Tensor", x: "Tensor", dt: "Tensor", A: "Tensor", B: "Tensor", C: "Tensor",
+                           D: Optional["Tensor"] = None, z: Optional["Tensor"] = None,
+                           dt_bias: Optional["Tensor"] = None, dt_softplus: bool = False,
+                           state_batch_indices: Optional["Tensor"] = None,
+                           dst_state_batch_indices: Optional["Tensor"] = None, pad_slot_id: int = -1,
+                           out: Optional["Tensor"] = None, *, config: Optional["Config"] = None) -> "Tensor":
+    """One SSU step on ``state`` (num_slots, H, P, N), in place; returns ``out`` (b, H, P).
+
+    x (b, H, P); dt (b, H) or (b, H, P) expanded; A (H,) or (H, P, N) expanded; B, C (b, G, N);
+    D, dt_bias (H,) or (H, P) expanded; z like x. Row b reads slot ``state_batch_indices[b]``
+    (slot b without them) and writes ``dst_state_batch_indices[b]`` (the slot it read without
+    them); ``pad_slot_id`` marks padded rows, any integer (0 for a null block).
+    """
+    entry = _adopted.get((id(state), id(config)))
+    b = x.shape[0]
+    if entry is None or entry.tensor() is not state or b > entry.kernel.problem.max_batch:
+        entry = _prepare(state, x, B, pad_slot_id, config)
+    elif entry.kernel.problem.pad_slot_id != pad_slot_id:
+        entry = _prepare(state, x, B, pad_slot_id, config)
+    if state_batch_indices is None:
+        rows = _rows.get((b, x.device))
+        if rows is None:
+            rows = _default_rows(b, x.device, pad_slot_id)
+        state_batch_indices = rows
+    return entry.kernel.step(entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0,
+                             dst_state_batch_indices)
+
+
+def _default_rows(b: int, device, pad_slot_id: int):
+    import torch
+
+    if 0 <= pad_slot_id < b:
+        raise InputError(f"pad_slot_id={pad_slot_id} is the slot of row {pad_slot_id} (without state_batch_indices "
+                         "row b uses slot b); pass state_batch_indices, or a pad id outside 0.."
+                         f"{b - 1} (the default -1)")
+    rows = _rows[(b, device)] = torch.arange(b, dtype=torch.int32, device=device)
+    return rows
+
+
+def _config(config):
+    from .config import Config, load_config
+
+    key = id(config)
+    if key not in _configs:
+        if config is not None and not isinstance(config, Config):
+            raise InputError(f"config: expected an ssu.Config (see ssu.load_config), got {type(config).__name__}")
+        _configs[key] = load_config() if config is None else config
+    return _configs[key]
+
+
+def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
+    """The slow path: the problem of this call, its kernel (opened and warmed up once), and
+    ``state`` adopted by it."""
+    import torch
+
+    from .kernel import open_kernel
+    from .problem import Problem
+
+    for name, t, dims in (("state", state, "(num_slots, H, P, N)"), ("x", x, "(batch, H, P)"),
+                          ("B", B, "(batch, G, N)")):
+        if not isinstance(t, torch.Tensor) or t.dim() != len(dims.split(",")):
+            got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name}: expected a tensor {dims} (one token per sequence; a Mamba-1 layer's (batch, "
+                             f"dim) inputs are not served), got {got}")
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
+        raise InputError(f"pad_slot_id: expected an integer, got {pad_slot_id!r}")
+    S, H, P, N = state.shape
+    b = x.shape[0]
+    used = _config(config)
+    fields = dict(nheads=H, headdim=P, dstate=N, ngroups=B.shape[1], state_dtype=state.dtype, input_dtype=x.dtype,
+                  num_slots=S, device=str(state.device), pad_slot_id=pad_slot_id, engine_state=True)
+    key = (tuple(sorted((k, str(v)) for k, v in fields.items())), id(config))
+    kernel = _kernels.get(key)
+    if kernel is None or b > kernel.problem.max_batch:
+        batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
+        kernel = open_kernel(used, Problem(**fields, max_batch=1 << (batch - 1).bit_length()))
+        _kernels[key] = kernel
+        warm = True
+    else:
+        warm = False
+    # the adopted state holds an alias of the engine's tensor (its storage, not the tensor object,
+    # which a view would keep alive through ``_base``), so that the engine dropping its tensor
+    # drops this entry, and the memory, too
+    alias = state.new_empty(0).set_(state.untyped_storage(), state.storage_offset(), state.size(), state.stride())
+    adopted = kernel.adopt_state(alias)
+    if warm:
+        kernel.warmup(adopted)
+    key = (id(state), id(config))
+    entry = _Adopted(weakref.ref(state, lambda _, key=key: _adopted.pop(key, None)), kernel, adopted)
+    _adopted[key] = entry
+    return entry
+
+
+def kernel_for(state: "Tensor", config: Optional["Config"] = None) -> Optional["Kernel"]:
+    """The kernel that serves ``state`` (after a first call), for ``explain()`` or ``check()``."""
+    entry = _adopted.get((id(state), id(config)))
+    return entry.kernel if entry is not None and entry.tensor() is state else None
+
+
+def __getattr__(name: str) -> Any:  # pragma: no cover - helpful error for a common typo
+    raise AttributeError(f"module 'ssu.dropin' has no attribute {name!r}; the call is ssu.selective_state_update")
