@@ -64,6 +64,10 @@ def _parser() -> Parser:
     p.add_argument("name", help="backend name, e.g. mykernel (the distribution is ssu-backend-NAME)")
     p.add_argument("--dir", default=".", help="where to create ssu-backend-NAME/ (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite an existing, non-empty folder")
+
+    from .compare import add_compare_parser
+
+    add_compare_parser(sub)
     return parser
 
 
@@ -260,8 +264,10 @@ def cmd_new_backend(args) -> int:
 
 
 def _commands() -> dict:
+    from .compare import cmd_compare
+
     return {"new-backend": cmd_new_backend, "backends": cmd_backends, "explain": cmd_explain,
-            "check-config": cmd_check_config, "run": cmd_run, "verify": cmd_verify}
+            "check-config": cmd_check_config, "run": cmd_run, "verify": cmd_verify, "compare": cmd_compare}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -1,0 +1,103 @@
+"""``ssu compare``: a transformers Mamba2-family model generating with its own decode SSU and
+through ssu, side by side: token agreement, the largest logit difference, time per token."""
+
+from __future__ import annotations
+
+from .problem_args import check_device
+from .usage import UsageError
+
+EXIT_OK, EXIT_WRONG = 0, 1
+
+
+def add_compare_parser(sub) -> None:
+    from ..integrations.hf_models import ARCHITECTURES, PRESETS
+
+    p = sub.add_parser("compare", help="a transformers model decoding with its own SSU and through ssu, side by side")
+    p.add_argument("--arch", help=f"architecture with random weights at --preset's mixer shapes: {', '.join(ARCHITECTURES)}")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="mixer shapes of a real model (default tiny: H=8 P=8 N=16 G=2, for a CPU)")
+    p.add_argument("--layers", type=int, default=4, help="Mamba2 layers of the random model (default 4)")
+    p.add_argument("--vocab", type=int, default=1024, help="vocabulary of the random model (default 1024)")
+    p.add_argument("--checkpoint", help="a local checkpoint folder instead of random weights (nothing is downloaded)")
+    p.add_argument("--hub", help="a model name on the Hugging Face hub (downloaded if not cached)")
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens per sequence (default 8)")
+    p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per sequence (default 16)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (default fp32)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
+    p.add_argument("--config", help="ssu.toml or pyproject.toml (default: search the working directory)")
+    p.add_argument("--backend", help="backend name, comma-separated fallback list, or auto")
+    p.add_argument("--no-share", action="store_true", help="skip the run that measures the SSU's share of a token")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _model(args):
+    import torch
+
+    from ..integrations import hf_models
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    given = [name for name in ("arch", "checkpoint", "hub") if getattr(args, name)]
+    if len(given) != 1:
+        raise UsageError("give one of --arch (random weights), --checkpoint (a local folder) or --hub (a hub name)")
+    if args.arch:
+        return hf_models.random_model(args.arch, args.preset, args.layers, vocab=args.vocab, dtype=dtype,
+                                      device=args.device, seed=args.seed), f"{args.arch} (random weights, preset " \
+            f"{args.preset}: H={hf_models.PRESETS[args.preset][0]} P={hf_models.PRESETS[args.preset][1]} " \
+            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, {args.layers} layers)"
+    where = args.checkpoint or args.hub
+    return hf_models.pretrained_model(where, hub=bool(args.hub), dtype=dtype, device=args.device), where
+
+
+def cmd_compare(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise UsageError("ssu compare needs transformers: pip install 'ssu-core[transformers]'")
+    import torch
+
+    from ..config import load_config
+    from ..integrations import hf_models
+
+    for name in ("layers", "vocab", "batch", "prompt_len", "new_tokens"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.new_tokens < 2:
+        raise UsageError("--new-tokens must be at least 2 (the first token comes from the prefill)")
+    check_device(args.device)
+    config = load_config(args.config, backend=args.backend)
+    model, what = _model(args)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen).to(args.device)
+    print(f"ssu compare: {what}, {args.dtype}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new "
+          f"tokens, {args.device}", flush=True)
+    result = hf_models.compare(model, ids, args.new_tokens, config=config, null=not args.no_share)
+    backend = ssu_backend(model)
+    rows = [("transformers", result.reference), (f"ssu ({backend})", result.through_ssu)]
+    print(f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s}")
+    for name, run in rows:
+        ssu_time = share = "-"
+        if result.null_ssu is not None:
+            spent = (run.per_token - result.null_ssu.per_token) * 1e3
+            ssu_time, share = f"{spent:.3f}", f"{100 * spent / (run.per_token * 1e3):.0f} %"
+        print(f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s}")
+    total = result.reference.logits.shape[0] * result.reference.logits.shape[1]
+    equal = round(result.agreement * total)
+    first = result.first_divergence()
+    print(f"tokens: {equal}/{total} equal ({100 * result.agreement:.1f} %); largest logit difference "
+          f"{result.max_logit_difference():.2e}" + ("" if first is None else " up to the first divergence"))
+    if first is not None:
+        verdict = ("within rounding: transformers' own top-two logits there are closer than the paths differ"
+                   if result.divergence_within_rounding() else "NOT explained by rounding")
+        print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
+    print("(ms/token: the median decode step after the first token; SSU share: against a run whose SSU returns zeros)")
+    return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG
+
+
+def ssu_backend(model) -> str:
+    """The backend the patched mixers used (from the drop-in's kernels), or the configured one."""
+    from .. import dropin
+
+    names = sorted({kernel.backend for kernel in dropin._kernels.values()})
+    return ", ".join(names) or "?"

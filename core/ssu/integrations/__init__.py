@@ -1,0 +1,1 @@
+"""Integrations of ssu with model libraries: each module imports its library only when used."""

@@ -1,0 +1,261 @@
+"""transformers models to compare on: a Mamba2-family architecture with random weights at a
+model's real mixer shapes, or a checkpoint (a local folder, or a hub name when the user gives
+one), and greedy generation timed per token.
+
+Used by ``ssu compare`` and the integration's tests; imports transformers when called.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional
+
+import attrs
+
+from ..errors import ConfigError
+
+#: architecture -> how its config names the mixer shapes and layer kinds (all layers Mamba2)
+ARCHITECTURES = ("mamba2", "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2")
+#: architectures transformers has whose SSU is not Mamba2's
+MAMBA1 = ("mamba", "falcon_mamba", "jamba")
+#: mixer shapes (H, P, N, G) by preset; "tiny" is for a CPU
+PRESETS = {
+    "tiny": (8, 8, 16, 2),
+    "nemotron-h-8b": (128, 64, 128, 8),
+    "nemotron-h-56b": (256, 64, 256, 8),
+    "nemotron-3-nano": (64, 64, 128, 8),
+    "nemotron-nano-9b-v2": (128, 80, 128, 8),
+    "granite-4.0-h": (128, 64, 128, 1),
+    "mamba2-2.7b": (80, 64, 128, 1),
+}
+
+
+def config_fields(arch: str, H: int, P: int, N: int, G: int, layers: int, vocab: int) -> dict:
+    """The transformers config of ``arch`` with ``layers`` Mamba2 layers of mixer shape (H, P, N,
+    G), a hidden size of H*P/2 (expand 2) and a vocabulary of ``vocab``; the hybrid architectures
+    get one attention layer after them (transformers' generate needs one in a hybrid's cache)."""
+    hidden = H * P // 2
+    heads = max(2, hidden // 128)
+    attention = dict(num_attention_heads=heads, num_key_value_heads=1, intermediate_size=2 * hidden)
+    mamba = dict(mamba_n_heads=H, mamba_d_head=P, mamba_d_state=N, mamba_n_groups=G, hidden_size=hidden,
+                 vocab_size=vocab)
+    if arch == "mamba2":
+        return dict(num_heads=H, head_dim=P, hidden_size=hidden, state_size=N, n_groups=G, expand=2,
+                    num_hidden_layers=layers, vocab_size=vocab)
+    if arch == "nemotron_h":
+        return dict(mamba_num_heads=H, mamba_head_dim=P, hidden_size=hidden, ssm_state_size=N, n_groups=G,
+                    num_hidden_layers=layers + 1, hybrid_override_pattern="M" * layers + "*", vocab_size=vocab,
+                    **attention)
+    if arch == "falcon_h1":  # attention runs beside the mixer in every layer
+        return dict(mamba, mamba_d_ssm=H * P, num_hidden_layers=layers, mamba_rms_norm=False, **attention)
+    if arch == "bamba":
+        return dict(mamba, mamba_expand=2, attn_layer_indices=[layers], num_hidden_layers=layers + 1, **attention)
+    if arch == "granitemoehybrid":
+        return dict(mamba, mamba_expand=2, layer_types=["mamba"] * layers + ["attention"],
+                    num_hidden_layers=layers + 1, num_local_experts=2, num_experts_per_tok=1,
+                    shared_intermediate_size=2 * hidden, **attention)
+    if arch == "zamba2":
+        return dict(n_mamba_heads=H, mamba_headdim=P, mamba_d_state=N, mamba_ngroups=G, hidden_size=hidden,
+                    vocab_size=vocab, mamba_expand=2, layers_block_type=["mamba"] * layers + ["hybrid"],
+                    num_hidden_layers=layers + 1, attention_head_dim=2 * hidden // heads, **attention)
+    raise ConfigError(_unknown_arch(arch))
+
+
+def _unknown_arch(arch: str) -> str:
+    from ..options import did_you_mean
+
+    if arch in MAMBA1:
+        return (f"--arch {arch}: a Mamba-1 architecture (its SSU takes parameters that vary along the head "
+                f"dimension), which ssu does not serve; use one of {', '.join(ARCHITECTURES)}")
+    return f"--arch {arch!r} is not a Mamba2-family architecture{did_you_mean(arch, ARCHITECTURES)}; use one of " \
+           f"{', '.join(ARCHITECTURES)}"
+
+
+def random_model(arch: str, preset: str, layers: int, *, vocab: int = 1024, dtype=None, device: str = "cpu",
+                 seed: int = 0, shapes: Optional[tuple] = None):
+    """A causal LM of ``arch`` with random weights (seeded) at ``preset``'s mixer shapes, its
+    mixers' dt_bias and A_log drawn as in a trained model (transformers' initial dt is about
+    0.01, under which a decode step barely changes the state)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if arch not in ARCHITECTURES:
+        raise ConfigError(_unknown_arch(arch))
+    H, P, N, G = shapes or PRESETS[preset]
+    torch.manual_seed(seed)
+    try:
+        config = AutoConfig.for_model(arch, **config_fields(arch, H, P, N, G, layers, vocab))
+    except (ValueError, TypeError) as exc:  # transformers' own validation of the config
+        raise ConfigError(f"transformers refuses a {arch} config of H={H} P={P} N={N} G={G}: "
+                          f"{str(exc).splitlines()[-1]}") from None
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    with torch.no_grad():  # a trained layer's dt is around 1: each decode step moves the state visibly
+        for module in model.modules():
+            if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+                module.dt_bias.uniform_(-1.0, 1.0)
+                module.A_log.copy_(torch.empty_like(module.A_log).uniform_(0.0, 2.0))
+    return model.eval()
+
+
+def pretrained_model(where: str, *, hub: bool, dtype=None, device: str = "cpu"):
+    """A checkpoint: a local folder, or (``hub``) a name on the Hugging Face hub, downloaded if
+    needed; a folder that is not there, or a hub that cannot be reached, is a clear error."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype or torch.float32, local_files_only=not hub)
+    except OSError as exc:
+        what = f"the hub model {where!r} could not be loaded (offline, or no such model?)" if hub else \
+            f"no checkpoint in {where!r} (a folder with config.json and weights)"
+        raise ConfigError(f"{what}: {str(exc).splitlines()[0]}") from None
+    return model.to(device).eval()
+
+
+@attrs.define
+class Generation:
+    """One greedy generation: the tokens, each step's logits, seconds per decode step, the cache."""
+
+    sequences: object
+    logits: object
+    step_seconds: list
+    cache: object = None
+
+    def recurrent_states(self) -> list:
+        """The cache's SSM state tensor of each Mamba2 layer, in layer order."""
+        layers = getattr(self.cache, "layers", [])
+        return [layer.recurrent_states[0] for layer in layers
+                if getattr(layer, "recurrent_states", None) and layer.recurrent_states[0] is not None]
+
+    @property
+    def per_token(self) -> float:
+        """Median seconds per generated token after the first (prefill excluded)."""
+        return statistics.median(self.step_seconds) if self.step_seconds else float("nan")
+
+
+def generate(model, input_ids, new_tokens: int, *, attention_mask=None, **kwargs) -> Generation:
+    """Greedy ``generate`` with each step's logits and the time between consecutive steps (the
+    device synchronised at each: both paths compared pay the same)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps: list = []
+    cuda = input_ids.device.type == "cuda"
+
+    class Clock(LogitsProcessor):
+        def __call__(self, ids, scores):
+            if cuda:
+                torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+            return scores
+
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, return_dict_in_generate=True, output_logits=True,
+                         logits_processor=LogitsProcessorList([Clock()]), **kwargs)
+    return Generation(out.sequences, torch.stack(out.logits, 1), [b - a for a, b in zip(stamps, stamps[1:])],
+                      out.past_key_values)
+
+
+def cache_keyword(model) -> str:
+    """How ``generate`` takes an existing cache: ``cache_params`` (Mamba2) or ``past_key_values``."""
+    import inspect
+
+    return "cache_params" if "cache_params" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@attrs.define
+class Comparison:
+    """transformers' own decode against ssu's, on the same model and prompts."""
+
+    reference: Generation
+    through_ssu: Generation
+    null_ssu: Optional[Generation] = None
+
+    @property
+    def agreement(self) -> float:
+        """Fraction of generated tokens equal to transformers' own."""
+        a, b = self.reference.sequences, self.through_ssu.sequences
+        n = self.reference.logits.shape[1]
+        return (a[:, -n:] == b[:, -n:]).float().mean().item()
+
+    def first_divergence(self) -> Optional[tuple]:
+        """(row, step) of the first generated token that differs, or None."""
+        n = self.reference.logits.shape[1]
+        diff = self.reference.sequences[:, -n:] != self.through_ssu.sequences[:, -n:]
+        if not diff.any():
+            return None
+        step = int(diff.any(0).nonzero()[0])
+        return int(diff[:, step].nonzero()[0]), step
+
+    def max_logit_difference(self) -> float:
+        """Largest |logit| difference over the steps before the first divergence (after it the
+        two paths decode different tokens)."""
+        first = self.first_divergence()
+        end = self.reference.logits.shape[1] if first is None else first[1] + 1
+        a, b = self.reference.logits[:, :end].float(), self.through_ssu.logits[:, :end].float()
+        return (a - b).abs().max().item()
+
+    def divergence_within_rounding(self) -> bool:
+        """A flip is explained by rounding when transformers' own top-two logits at that step are
+        closer than twice the largest logit difference between the two paths there."""
+        first = self.first_divergence()
+        if first is None:
+            return True
+        row, step = first
+        top = self.reference.logits[row, step].float().topk(2).values
+        gap = (self.reference.logits[row, step].float() - self.through_ssu.logits[row, step].float()).abs().max()
+        return bool(top[0] - top[1] <= 2 * gap)
+
+
+def compare(model, input_ids, new_tokens: int, *, config=None, attention_mask=None, null: bool = False,
+            warm: bool = True) -> Comparison:
+    """Greedy generation with transformers' own path, then through ssu (``patch(model, config)``),
+    each warmed up first; with ``null`` also with the SSU replaced by one that returns zeros, so
+    that the SSU's share of a token's time is the difference."""
+    from . import transformers as integration
+
+    if warm:
+        generate(model, input_ids, 2, attention_mask=attention_mask)
+    reference = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
+    with integration.patch(model, config):
+        if warm:
+            generate(model, input_ids, 2, attention_mask=attention_mask)
+        through = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
+    null_run = None
+    if null:
+        with null_ssu(model):
+            null_run = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
+    return Comparison(reference, through, null_run)
+
+
+class null_ssu:
+    """Within it, the model's decode SSU returns zeros and leaves the state (timing only)."""
+
+    def __init__(self, model) -> None:
+        from . import transformers as integration
+
+        self.modules = sorted({type(m).__module__ for _, m in integration.find_mixers(model)})
+        self.saved: dict = {}
+
+    def __enter__(self):
+        import sys
+
+        from . import transformers as integration
+
+        for name in self.modules:
+            module = sys.modules[name]
+            self.saved[name] = getattr(module, integration.FUNCTION)
+            setattr(module, integration.FUNCTION, lambda state, x, *a, **k: x.new_zeros(x.shape))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import sys
+
+        from . import transformers as integration
+
+        for name, function in self.saved.items():
+            setattr(sys.modules[name], integration.FUNCTION, function)

@@ -1,0 +1,203 @@
+"""Hugging Face transformers' Mamba2-family models decoding through ssu, on the model's own cache.
+
+    import ssu.integrations.transformers as ssu_hf
+    ssu_hf.patch(model)                        # or: with ssu_hf.patch(model): model.generate(...)
+
+After :func:`patch`, every Mamba2 mixer of ``model`` (Mamba2, NemotronH, FalconH1, Bamba,
+GraniteMoeHybrid and Zamba2 in transformers 5.17 to 5.24) runs its one-token decode SSU through
+:func:`ssu.selective_state_update` on the tensor transformers keeps in its cache for that layer:
+the cache is stepped in place (no copy), so transformers' own prefill of a next turn, beam
+reordering and everything else that reads the cache see ssu's states. Prefill (the chunked
+scan), convolutions, norms and projections stay transformers' own.
+
+How: a transformers Mamba2 mixer calls the module-level function ``mamba2_selective_state_update``
+of its modeling module; :func:`patch` replaces that function, in each modeling module with a
+patched mixer, by one that sends the call to ssu while a patched mixer is running (its forward
+hooks mark it) and to the original otherwise, so other models in the process are not affected.
+:meth:`Patch.undo` removes the hooks and puts the original back when no patch uses it.
+Mamba-1 architectures (mamba, falcon_mamba, jamba: an SSU with untied parameters) are refused.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from typing import Any, Optional
+
+import attrs
+
+from ..errors import ConfigError, SSUError
+
+#: the function a transformers Mamba2 mixer calls for its decode SSU, in its modeling module
+FUNCTION = "mamba2_selective_state_update"
+#: what Mamba-1 mixers call instead (refused: their parameters vary along the head dimension)
+MAMBA1_FUNCTION = "mamba_selective_state_update"
+#: the mixer attributes the shapes are read from
+SHAPE_ATTRIBUTES = ("num_heads", "head_dim", "ssm_state_size", "n_groups")
+#: transformers versions these modules were tested with
+TESTED = "5.17 to 5.24"
+
+
+class UnsupportedModelError(SSUError, ValueError):
+    """The model has no Mamba2 mixer ssu can serve (another SSU, or none)."""
+
+
+#: the mixer running now, and the config to serve it with (None: not a patched mixer)
+_running: contextvars.ContextVar = contextvars.ContextVar("ssu_transformers_mixer", default=None)
+#: modeling module name -> [original function, number of patches using it]
+_patched_modules: dict = {}
+
+
+@attrs.define(eq=False)
+class Patch:
+    """What :func:`patch` did to one model: undo it with :meth:`undo` (or leave the ``with``)."""
+
+    model: Any
+    mixers: list
+    modules: list
+    config: Any
+    hooks: list = attrs.field(factory=list)
+    active: bool = True
+
+    def undo(self) -> None:
+        """Remove the hooks; restore each modeling module's function once no patch uses it."""
+        if not self.active:
+            return
+        for hook in self.hooks:
+            hook.remove()
+        for name in self.modules:
+            entry = _patched_modules[name]
+            entry[1] -= 1
+            if entry[1] == 0:
+                setattr(sys.modules[name], FUNCTION, entry[0])
+                del _patched_modules[name]
+        self.hooks.clear()
+        self.active = False
+        if getattr(self.model, "_ssu_patch", None) is self:
+            del self.model._ssu_patch
+
+    def __enter__(self) -> "Patch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undo()
+
+
+def find_mixers(model) -> list:
+    """The Mamba2 mixers of ``model``: modules whose modeling module defines the decode SSU
+    function and that carry the mixer's shapes. Raises :class:`UnsupportedModelError` for a
+    Mamba-1 model or a model without mixers."""
+    mixers, mamba1 = [], []
+    for name, module in model.named_modules():
+        defining = sys.modules.get(type(module).__module__)
+        if defining is None or not hasattr(module, "A_log"):
+            continue
+        if hasattr(defining, FUNCTION) and all(hasattr(module, a) for a in SHAPE_ATTRIBUTES):
+            mixers.append((name, module))
+        elif hasattr(defining, MAMBA1_FUNCTION):
+            mamba1.append(type(module).__name__)
+    if mamba1 and not mixers:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has Mamba-1 mixers ({', '.join(sorted(set(mamba1)))}): their SSU takes parameters "
+            "that vary along the head dimension, which ssu does not serve; ssu patches Mamba2-family models (Mamba2, "
+            "NemotronH, FalconH1, Bamba, GraniteMoeHybrid, Zamba2)")
+    if not mixers:
+        raise UnsupportedModelError(f"{type(model).__name__} has no Mamba2 mixer (no module calling {FUNCTION}); "
+                                    "ssu patches Mamba2-family models (Mamba2, NemotronH, FalconH1, Bamba, "
+                                    "GraniteMoeHybrid, Zamba2)")
+    return mixers
+
+
+def _mixer_problem(mixer, device, dtype):
+    from ..problem import Problem
+
+    return Problem(nheads=mixer.num_heads, headdim=mixer.head_dim, dstate=mixer.ssm_state_size,
+                   ngroups=mixer.n_groups, state_dtype="fp32", input_dtype=dtype, num_slots=1, max_batch=1,
+                   device=str(device), engine_state=True)
+
+
+def _check_served(mixers, config) -> None:
+    """Every distinct mixer shape resolves to a backend (the model's cache is fp32, its inputs in
+    the model's dtype), or the reason is raised before anything is patched."""
+    from ..registry import default_registry
+    from ..resolve import resolve
+
+    seen = set()
+    for name, mixer in mixers:
+        weight = mixer.A_log
+        dtype = mixer.dt_bias.dtype if mixer.dt_bias.dtype != weight.dtype else weight.dtype
+        problem = _mixer_problem(mixer, weight.device, _input_dtype(mixer, dtype))
+        if problem in seen:
+            continue
+        seen.add(problem)
+        try:
+            resolve(config, problem, default_registry())
+        except SSUError as exc:
+            raise ConfigError(f"mixer {name} ({problem.describe()}) cannot be served: {exc}") from None
+
+
+def _input_dtype(mixer, fallback):
+    """The dtype the mixer's activations reach the SSU in: its in_proj's weight dtype."""
+    proj = getattr(mixer, "in_proj", None)
+    return proj.weight.dtype if proj is not None and hasattr(proj, "weight") else fallback
+
+
+def patch(model, config=None, **options) -> Patch:
+    """Route the decode SSU of every Mamba2 mixer of ``model`` through ssu (see the module doc).
+
+    ``config`` is an :class:`ssu.Config` (default: :func:`ssu.load_config`); ``options`` are its
+    fields instead (``backend="triton"``, ``validate=False``, ``backends={...}``). Returns a
+    :class:`Patch`, also a context manager. Raises, leaving the model as it was, for a model
+    without Mamba2 mixers (:class:`UnsupportedModelError`), a model patched already, or mixer
+    shapes or dtypes no configured backend serves (:class:`ssu.ConfigError` with the reason).
+    """
+    from ..config import Config, load_config
+    from ..dropin import selective_state_update
+
+    if getattr(model, "_ssu_patch", None) is not None:
+        raise ConfigError(f"{type(model).__name__} is patched already; call .undo() on its patch (model._ssu_patch) "
+                          "before patching it again")
+    if config is not None and options:
+        raise ConfigError("patch: give a config or its fields as keyword arguments, not both")
+    if config is None:
+        config = Config(**options) if options else load_config()
+    mixers = find_mixers(model)
+    _check_served(mixers, config)
+    modules = sorted({type(m).__module__ for _, m in mixers})
+    result = Patch(model, [m for _, m in mixers], modules, config)
+    for name in modules:
+        module = sys.modules[name]
+        if name not in _patched_modules:
+            original = getattr(module, FUNCTION)
+            _patched_modules[name] = [original, 0]
+            setattr(module, FUNCTION, _dispatcher(original, selective_state_update))
+        _patched_modules[name][1] += 1
+    for mixer in result.mixers:
+        tokens: list = []
+        result.hooks.append(mixer.register_forward_pre_hook(
+            lambda module, args, tokens=tokens: tokens.append(_running.set(config))))
+        result.hooks.append(mixer.register_forward_hook(
+            lambda module, args, output, tokens=tokens: _running.reset(tokens.pop()) if tokens else None,
+            always_call=True))
+    model._ssu_patch = result
+    return result
+
+
+def _dispatcher(original, selective_state_update):
+    """The modeling module's new function: ssu while a patched mixer runs, else the original."""
+
+    def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+                                      z=None, **kwargs):
+        config = _running.get()
+        if config is None:
+            return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
+                            **kwargs)
+        return selective_state_update(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=config)
+
+    mamba2_selective_state_update.__wrapped__ = original
+    return mamba2_selective_state_update
+
+
+def patched(model) -> Optional[Patch]:
+    """The active :class:`Patch` of ``model``, or None."""
+    return getattr(model, "_ssu_patch", None)
