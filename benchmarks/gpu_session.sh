@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# One device-machine session: install the repository, run the GPU tests and the benchmark,
-# leave logs under $OUT. Usage (from the repository root, on the GPU machine):
-#   source .device/prelude.sh; bash benchmarks/gpu_session.sh [tests|bench|all] [extra bench args...]
+# The GPU runs behind the docs' figures and GPU test results, from the repository root on the GPU
+# machine, logs under $OUT:
+#   source .device/prelude.sh; bash benchmarks/gpu_session.sh STAGE [STAGE...]
+# Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
+# modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, overhead,
+# bench, bench-t4, hf.
 set -uo pipefail
-what=${1:-all}; shift || true
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
-# Optional extras in .device/ (see docs/benchmarks.md, "Device notes"): FlashInfer modules built by
-# an earlier machine (loaded as FlashInfer AOT modules: no 300 s rebuild), and the nv_internal
-# sources FlashInfer's autotuner needs for its delay kernel (the bundle lacks them).
-fi_data=$(python3 -c 'import flashinfer, os; print(os.path.join(os.path.dirname(flashinfer.__file__), "data"))')
-if [[ -f .device/fi-aot.tar.xz ]]; then mkdir -p "$fi_data/aot" && tar -C "$fi_data/aot" -xJf .device/fi-aot.tar.xz; fi
-if [[ -f .device/nv_internal.tar.xz ]]; then
-  mkdir -p "$fi_data/csrc/nv_internal" && tar -C "$fi_data/csrc/nv_internal" -xJf .device/nv_internal.tar.xz
-fi
 export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
-if [[ $what == tests || $what == all ]]; then
-  # every FlashInfer module the GPU tests use, built in parallel (ReplaySSM ones take ~300 s each)
-  python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,1,int32 bf16,bf16,128,64,1,int32 \
-    fp32,bf16,128,64,4,int32 fp32,bf16,128,80,1,int32 bf16,bf16,256,64,1,int32 fp16,bf16,128,64,1,int32,sr \
-    replayssm:fp32,1,15 replayssm:bf16,1,15 replayssm:fp32,4,15 replayssm:bf16,4,15 | tee "$OUT/prebuild.log"
-  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider backends 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
-fi
-if [[ $what == bench || $what == all ]]; then
-  timeout 400 python3 benchmarks/ssu_bench.py --out "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^\[ssu' | tail -60
-fi
+SSU_MODULES=(fp32,bf16,128,64,1,int32 bf16,bf16,128,64,1,int32 fp32,bf16,128,64,4,int32 fp32,bf16,128,80,1,int32
+  bf16,bf16,256,64,1,int32 fp16,bf16,128,64,1,int32,sr fp32,bf16,128,32,1,int32 fp32,bf16,128,96,1,int32
+  fp32,bf16,128,128,1,int32 fp32,bf16,32,64,1,int32 fp32,bf16,96,64,1,int32 fp32,fp32,128,64,1,int32
+  bf16,bf16,128,64,4,int32)
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    replayssm-build)
+      setsid nohup python3 benchmarks/flashinfer_prebuild.py replayssm:fp32,1,15 replayssm:bf16,1,15 \
+        >"$OUT/replayssm-build.log" 2>&1 < /dev/null & ;;
+    prebuild) python3 benchmarks/flashinfer_prebuild.py "${SSU_MODULES[@]}" 2>&1 | tee "$OUT/prebuild.log" ;;
+    tests-triton) timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu 2>&1 \
+      | tee "$OUT/gpu-tests-triton.log" | tail -25 ;;
+    tests-flashinfer) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider backends/flashinfer_ssu 2>&1 \
+      | tee "$OUT/gpu-tests-flashinfer.log" | tail -25 ;;
+    tests-replayssm) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider backends/flashinfer_replayssm \
+      -k "not fp32-4 and not bf16-4 and not hand_off" 2>&1 | tee "$OUT/gpu-tests-replayssm.log" | tail -25 ;;
+    tests-hf) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_transformers_gpu.py \
+      tests/test_state_safety.py tests/test_validation.py tests/test_engine_state.py 2>&1 \
+      | tee "$OUT/gpu-tests-hf.log" | tail -25 ;;
+    overhead) python3 benchmarks/dispatch_overhead.py --calls 20000 --device cuda 2>&1 | tee "$OUT/overhead.log" ;;
+    bench) timeout 500 python3 -m ssu bench --state-dtype fp32,bf16 --batches 1,8,32,128,256,512,1024 \
+      --backends triton,flashinfer,flashinfer-replayssm --adopt --out "$OUT/bench" 2>&1 | grep -v '^\[ssu' \
+      | tee "$OUT/bench.log" | tail -70 ;;
+    bench-t4) timeout 400 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches 1,8,32,128,512 \
+      --backends triton,flashinfer --out "$OUT/bench-t4" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-t4.log" | tail -30 ;;
+    hf) timeout 400 python3 benchmarks/hf_decode.py --arch nemotron_h --preset nemotron-h-8b --layers 4 --dtype bf16 \
+      --batches 1,8,32,128 --backend triton --compile 2>&1 | grep -v 'falling back' | tee "$OUT/hf.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+echo "=== done $(date +%T)"

@@ -62,9 +62,12 @@ def allocate_scratch(problem, options, record=None) -> dict:
     p = problem
     dev = p.device
     record = faults.allocate(dev) if record is None else record
+    from ssu_backend_flashinfer import rows_triton
+
     scratch = {
         "trio": None,
         "rows_for": None,
+        "triton_rows": rows_triton.usable(p.device_type),
         "rows": {dtype: dict(row_buffers(p, dtype, dev),
                              pad_row=torch.full((), cursors.pad_slot(p.num_slots), dtype=dtype, device=dev))
                  for dtype in (torch.int32, torch.int64)},
@@ -88,9 +91,16 @@ def cache_rows(scratch, problem, slots, record):
         return scratch["rows"][slots.dtype]["read"][: slots.shape[0]]
     b = slots.shape[0]
     buf = scratch["rows"][slots.dtype]
-    real = real_ids(buf, slots, problem.num_slots, problem.pad_slot_id, buf["real"][:b])
-    record_outside(buf, record, slots, real, faults.SLOTS, problem.pad_slot_id)
-    rows = torch.where(real, slots, buf["pad_row"], out=buf["read"][:b])
+    rows = buf["read"][:b]
+    if scratch["triton_rows"]:
+        from ssu_backend_flashinfer import rows_triton
+
+        rows_triton.launch(slots, None, None, rows, None, record, num_slots=problem.num_slots,
+                           pad_slot_id=problem.pad_slot_id, pad_read=cursors.pad_slot(problem.num_slots), sink=0)
+    else:
+        real = real_ids(buf, slots, problem.num_slots, problem.pad_slot_id, buf["real"][:b])
+        record_outside(buf, record, slots, real, faults.SLOTS, problem.pad_slot_id)
+        torch.where(real, slots, buf["pad_row"], out=rows)
     scratch["rows_for"] = slots
     return rows
 

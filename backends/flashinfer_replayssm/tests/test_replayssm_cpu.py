@@ -176,9 +176,11 @@ def attrs_evolve(p, **changes):
     return attrs.evolve(p, **changes)
 
 
-def test_cache_rows_are_reused_until_commit(gen):
+@pytest.mark.parametrize("triton_rows", [True, False])
+def test_cache_rows_are_reused_until_commit(triton_rows, gen):
     p = problem()
     scratch = translate.allocate_scratch(p, ReplayOptions())
+    scratch["triton_rows"] = triton_rows
     slots = torch.tensor([3, -1, 5], dtype=torch.int32)
     record = faults.allocate("cpu")
     first = translate.cache_rows(scratch, p, slots, record)

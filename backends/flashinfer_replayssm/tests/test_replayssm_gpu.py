@@ -91,7 +91,8 @@ def test_prefill_hand_off_with_write_state(gen):
 
 
 @pytest.mark.parametrize("state_dtype, tokens", [("fp32", 4), ("fp32", 1)])
-@pytest.mark.parametrize("check", ["step", "step-without-options", "decode", "roundtrip", "bad-inputs", "cuda-graph"])
+@pytest.mark.parametrize("check", ["step", "step-without-options", "decode", "roundtrip", "bad-inputs", "cuda-graph",
+                                   "guarded-ids", "partial-commit"])
 def test_conformance_checks(state_dtype, tokens, check, gen):
     """The shared checks (CUDA-graph capture of step + commit included) at the real shape."""
     fn, _ = conformance.CHECKS[check]

@@ -9,10 +9,11 @@ either), and for several tokens or destination slots which rows it writes.
 The rows are guarded first (:func:`guarded_rows`): an id outside the cache becomes the pad id
 (recorded in the kernel's fault record), and a row with a real slot whose destination is the pad
 id, or outside the cache, writes to a sink: the sink row of an allocated state, or the pad slot of
-an adopted cache whose pad id names one. They are computed with ``out=`` ops into scratch
-buffers (no allocation, no host synchronisation) at the first layer of a step and reused by its
-other layers, while ``slots`` is the same tensor, unmodified; so a CUDA graph should hold whole
-decode steps (every layer and the commit), as engines capture them.
+an adopted cache whose pad id names one. They are computed into scratch buffers (no allocation,
+no host synchronisation) by one Triton launch where Triton runs (:mod:`.rows_triton`), else by
+torch ``out=`` ops, at the first layer of a step, and reused by its other layers while ``slots``
+is the same tensor, unmodified; so a CUDA graph should hold whole decode steps (every layer and
+the commit), as engines capture them.
 
 :func:`fi_arguments` is a pure function so that a CPU test can check it against the installed
 FlashInfer's real signature.
@@ -99,9 +100,11 @@ def allocate_scratch(problem, options) -> dict:
     """Buffers allocated once per kernel, before any CUDA-graph capture."""
     p = problem
     dev = p.device
+    from . import rows_triton
+
     scratch = {"zero_D": {dtype: torch.zeros(p.nheads, dtype=dtype, device=dev)
                           for dtype in {torch.float32, to_torch(p.input_dtype)}},
-               "rows_for": None,
+               "rows_for": None, "triton_rows": rows_triton.usable(p.device_type),
                "rows": {dtype: row_buffers(p, dtype, dev) for dtype in (torch.int32, torch.int64)}}
     if options.stochastic_rounding:
         scratch["seed"] = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(dev)
@@ -148,6 +151,10 @@ def guarded_rows(scratch, problem, state, slots, dst_slots, record) -> Rows:
     p = problem
     b = slots.shape[0]
     buf = scratch["rows"][slots.dtype]
+    if scratch["triton_rows"]:
+        rows = _triton_rows(buf, p, state, slots, dst_slots, record)
+        scratch["rows_for"] = (slots, slots._version, dst_slots, dst_version, state, rows)
+        return rows
     real = real_ids(buf, slots, p.num_slots, p.pad_slot_id, buf["real"][:b])
     record_outside(buf, record, slots, real, faults.SLOTS, p.pad_slot_id)
     if slot_state.uses_cursor(state):
@@ -164,6 +171,26 @@ def guarded_rows(scratch, problem, state, slots, dst_slots, record) -> Rows:
         rows = Rows(read, dst)
     scratch["rows_for"] = (slots, slots._version, dst_slots, dst_version, state, rows)
     return rows
+
+
+def _triton_rows(buf, problem, state, slots, dst_slots, record) -> Rows:
+    """:func:`guarded_rows` in one Triton launch (:mod:`.rows_triton`)."""
+    from . import rows_triton
+
+    b = slots.shape[0]
+    p = problem
+    cursor = state.buffers.get("cursor")
+    read = buf["read"][:b]
+    if cursor is not None:
+        write = buf["dst_t"][:b]
+    elif dst_slots is not None:
+        write = buf["dst"][:b]
+    else:
+        write = None
+    sink = p.pad_slot_id if state.adopted else p.num_slots
+    rows_triton.launch(slots, dst_slots, cursor, read, write, record, num_slots=p.num_slots, pad_slot_id=p.pad_slot_id,
+                       pad_read=p.pad_slot_id, sink=sink, versions=versions(p), tokens=buf["dst_t"].shape[1])
+    return Rows(read, write)
 
 
 def _versioned_rows(buf, problem, cursor, slots, real) -> Rows:

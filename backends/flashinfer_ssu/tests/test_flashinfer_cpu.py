@@ -144,10 +144,13 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
         assert kwargs["state_batch_indices"].dtype == kwargs["dst_state_batch_indices"].dtype
 
 
-def test_versioned_rows_and_their_reuse(gen):
+@pytest.mark.parametrize("triton_rows", [True, False])
+def test_versioned_rows_and_their_reuse(triton_rows, gen):
+    """The rows of a speculative step, by one Triton launch (in its interpreter here) or torch ops."""
     p = problem(tokens_per_step=3, speculative=True)
     state = slot_state.allocate(p, 1, "flashinfer")
     scratch = translate.allocate_scratch(p, FlashInferOptions())
+    scratch["triton_rows"] = triton_rows
     cursor = state.buffers["cursor"]
     cursor[4], cursor[7] = 2, 3
     slots = torch.tensor([4, -1, 7, 12], dtype=torch.int64)
@@ -164,11 +167,13 @@ def test_versioned_rows_and_their_reuse(gen):
     assert translate.guarded_rows(scratch, p, state, slots, None, record).read[0].item() == 5 * K
 
 
-def test_destination_rows_and_sinks(gen):
+@pytest.mark.parametrize("triton_rows", [True, False])
+def test_destination_rows_and_sinks(triton_rows, gen):
     """A destination that is the pad id (or outside the cache) sends the write to the sink row of
     an allocated state, or to the pad slot of an adopted cache; a pad row writes nowhere."""
     p = problem()
     scratch = translate.allocate_scratch(p, FlashInferOptions())
+    scratch["triton_rows"] = triton_rows
     record = faults.allocate("cpu")
     slots = torch.tensor([1, 2, -1, 3], dtype=torch.int32)
     dst = torch.tensor([5, -1, 6, 40], dtype=torch.int32)
@@ -178,6 +183,7 @@ def test_destination_rows_and_sinks(gen):
     assert faults.decode(int(record)) == (3, faults.DST_SLOTS, 40)
     p0 = problem(pad_slot_id=0)
     scratch = translate.allocate_scratch(p0, FlashInferOptions())
+    scratch["triton_rows"] = triton_rows
     adopted = slot_state.adopt(p0, (torch.zeros(10, 8, 64, 16),), "flashinfer")
     rows = translate.guarded_rows(scratch, p0, adopted, slots.where(slots != -1, 0), dst.where(dst != -1, 0), record)
     assert rows.read.tolist() == [1, 2, 0, 3] and rows.dst.tolist() == [5, 0, 0, 0]
@@ -200,21 +206,27 @@ from hypothesis import strategies as st  # noqa: E402
 from ssu.harness import compare_with_reference  # noqa: E402
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]), tokens=st.sampled_from([1, 1, 3]),
        adopt=st.booleans(), destinations=st.booleans(), pad_id=st.sampled_from([-1, 0, 99]),
-       index=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**16))
+       index=st.sampled_from([torch.int32, torch.int64]), triton_rows=st.booleans(), seed=st.integers(0, 2**16))
 def test_emulated_backend_matches_the_reference(emulated, state_dtype, tokens, adopt, destinations, pad_id, index,
-                                                seed):
-    """The backend's rows, guards, sinks, destinations and adopted caches around FlashInfer's
-    documented kernel: outputs and states against the reference, every other slot untouched."""
-    if adopt and destinations and pad_id < 0 or pad_id >= 12:
-        pad_id = 0 if adopt and destinations else pad_id  # an adopted cache's sink is its pad slot
+                                                triton_rows, seed):
+    """The backend's rows (one Triton launch, or torch ops), guards, sinks, destinations and adopted
+    caches around FlashInfer's documented kernel: outputs and states against the reference, every
+    other slot untouched."""
+    from unittest import mock
+
+    from ssu_backend_flashinfer import rows_triton
+
+    if adopt and destinations and not 0 <= pad_id < 12:
+        pad_id = 0  # destinations on an adopted cache need its pad slot as the sink
     p = problem(nheads=4, headdim=32, dstate=32, state_dtype=state_dtype, num_slots=12, max_batch=4,
                 tokens_per_step=tokens, speculative=tokens > 1, pad_slot_id=pad_id, engine_state=adopt)
     gen = torch.Generator().manual_seed(seed)
-    compare_with_reference("flashinfer-emulated", p, gen, steps=3, pad=1, layers=2, index_dtype=index,
-                           registry=emulated, adopt=adopt, destinations=destinations and tokens == 1)
+    with mock.patch.object(rows_triton, "usable", lambda device_type: triton_rows):
+        compare_with_reference("flashinfer-emulated", p, gen, steps=3, pad=1, layers=2, index_dtype=index,
+                               registry=emulated, adopt=adopt, destinations=destinations and tokens == 1)
 
 
 def test_emulated_backend_is_conformant(emulated):

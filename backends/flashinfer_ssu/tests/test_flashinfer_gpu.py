@@ -100,3 +100,45 @@ def test_warmup_reports_the_jit_cache_in_a_second_process():
     second = subprocess.run([sys.executable, "-c", WARM], capture_output=True, text=True, timeout=600, env=os.environ)
     assert second.returncode == 0, second.stderr
     assert "found in FlashInfer's JIT cache" in second.stderr
+
+
+@pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
+def test_adopted_caches_and_destinations_at_model_shapes(name, gen):
+    """An engine's cache (a view into pages twice a slot's size) stepped in place, speculative
+    drafts through FlashInfer's intermediate-state buffer committed into it; one-token steps with
+    destination slots (the null block 0 as pad id and sink, and a pad id outside the cache on an
+    allocated state, whose sink row takes a pad destination's write)."""
+    tokens = MODULES[name][5]
+    compare_with_reference("flashinfer", cuda_problem(name, engine_state=True, pad_slot_id=0), gen, steps=3, pad=3,
+                           layers=2, adopt=True, destinations=tokens == 1)
+    if tokens == 1:
+        compare_with_reference("flashinfer", cuda_problem(name, pad_slot_id=-1), gen, steps=2, pad=3,
+                               destinations=True)
+
+
+@pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
+def test_ids_outside_the_cache(name, gen):
+    from ssu.conformance import check_guarded_ids
+
+    check_guarded_ids(ssu.open(ssu.Config(backend="flashinfer"), cuda_problem(name)), gen)
+
+
+#: the head dims and dstates declared beyond the model shapes above, each a module of its own
+AUDIT = [(32, 128), (96, 128), (128, 128), (64, 32), (64, 96)]
+
+
+@pytest.mark.parametrize("headdim, dstate", AUDIT)
+def test_declared_head_dims_and_dstates_build_and_match(headdim, dstate, gen):
+    from ssu_backend_flashinfer.plugin import DSTATES, HEADDIMS
+
+    assert headdim in HEADDIMS and dstate in DSTATES
+    p = ssu.Problem(nheads=16, headdim=headdim, dstate=dstate, ngroups=2, state_dtype="fp32", input_dtype="bf16",
+                    num_slots=24, max_batch=8, device="cuda")
+    compare_with_reference("flashinfer", p, gen, steps=2, pad=1)
+
+
+def test_an_undeclared_dstate_is_refused_at_open_with_the_alternatives():
+    p = ssu.Problem(nheads=16, headdim=64, dstate=16, ngroups=2, num_slots=8, max_batch=4, device="cuda")
+    with pytest.raises(ssu.BackendUnavailableError, match=r"dstate=16 not supported .*backends that serve this "
+                                                          r"problem here: .*triton"):
+        ssu.open(ssu.Config(backend="flashinfer"), p)

@@ -17,7 +17,7 @@ import ssu
 from ssu.conformance import check_cuda_graph
 from ssu.harness import stochastic_rounding_bias
 
-from triton_helpers import compare_steps, seeded_states
+from triton_helpers import compare_steps, launch_layer, seeded_states
 
 pytestmark = pytest.mark.gpu
 
@@ -104,14 +104,13 @@ def test_state_tiles_move_in_16_byte_vectors(state_dtype, layer, tiles, gen):
     moved element by element runs at two thirds of the bandwidth): checked in the PTX. A program
     looping over pipelined tiles copies them into shared memory 16 bytes at a time."""
     from ssu.inputs import step_inputs
-    from ssu_backend_triton.kernel import launch
 
     p = cuda_problem(state_dtype=state_dtype, max_batch=8, num_slots=16)
     ssm = torch.randn(2, p.num_slots, 1, p.nheads, p.headdim, p.dstate, device="cuda").to(
         getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[state_dtype]))
     slots = torch.arange(8, dtype=torch.int32, device="cuda")
     i = step_inputs(p, slots, gen)
-    compiled = launch(ssm, None, layer, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True,
+    compiled = launch_layer(ssm, None, layer, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True,
                       torch.empty_like(i.x), None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group,
                       speculative=False, versions=1, block_p=8, num_warps=1 if tiles == 1 else 2, tiles=tiles,
                       stages=0 if tiles == 1 else 4)
@@ -130,7 +129,8 @@ def test_programmatic_dependent_launch(tokens, gen):
     each waits for the kernel before it) match the reference, and replay bit for bit in a CUDA
     graph, where consecutive launches overlap."""
     from ssu.inputs import step_inputs
-    from ssu_backend_triton.kernel import commit, launch
+    from ssu import faults
+    from ssu_backend_triton.kernel import commit
 
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
     options = {"block_p": 8, "num_warps": 2, "tiles_per_program": 4 if tokens == 1 else 1,
@@ -140,13 +140,13 @@ def test_programmatic_dependent_launch(tokens, gen):
     ssm = torch.randn(1, 8, 1, p.nheads, p.headdim, p.dstate, device="cuda")
     slots = torch.arange(8, dtype=torch.int32, device="cuda")
     i = step_inputs(attrs.evolve(p, tokens_per_step=1, speculative=False), slots, gen)
-    compiled = launch(ssm, None, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True, torch.empty_like(i.x),
+    compiled = launch_layer(ssm, None, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True, torch.empty_like(i.x),
                       None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=False,
                       versions=1, block_p=8, num_warps=1, pdl=1)
     assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
     cursor = torch.zeros(8, dtype=torch.int32, device="cuda")
-    compiled = commit(cursor, slots, torch.full((8,), 2, dtype=torch.int32, device="cuda"),
-                      pad_slot_id=p.pad_slot_id, versions=5, pdl=True)
+    compiled = commit(cursor, slots, torch.full((8,), 2, dtype=torch.int32, device="cuda"), faults.allocate("cuda"),
+                      pad_slot_id=p.pad_slot_id, num_slots=8, versions=5, pdl=True)
     assert "griddepcontrol.wait" in compiled.asm["ptx"] and torch.equal(cursor, torch.full_like(cursor, 2))
 
 
@@ -157,7 +157,6 @@ def test_branchless_inputs_write_the_same_bits(state_dtype, tokens, gen):
     both match the reference (with and without D, z, dt_bias and softplus), and from the same
     states they write the same state and output bits."""
     from ssu.inputs import step_inputs
-    from ssu_backend_triton.kernel import launch
 
     p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
     pins = {"block_p": 8, "num_warps": 2 if tokens == 1 else 1, "tiles_per_program": 4 if tokens == 1 else 1,
@@ -174,10 +173,66 @@ def test_branchless_inputs_write_the_same_bits(state_dtype, tokens, gen):
         results = []
         for branchless in (0, 1):
             ssm, out = pristine.clone(), torch.zeros_like(i.x)
-            launch(ssm, cursor, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D if optional else None,
+            launch_layer(ssm, cursor, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D if optional else None,
                    i.z if optional else None, i.dt_bias if optional else None, optional, out, None,
                    pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
                    versions=K, block_p=pins["block_p"], num_warps=pins["num_warps"], tiles=pins["tiles_per_program"],
                    stages=pins["loop_stages"], branchless=branchless)
             results.append((ssm, out))
         assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_adopted_caches_and_destinations_at_model_shapes(state_dtype, tokens, gen):
+    """An engine's cache (a view into pages twice a slot's size) stepped in place at Nemotron-H-8B
+    shapes, drafts committed into it; one-token steps with destination slots and a null block as
+    pad id; every other slot and the rest of the pages untouched."""
+    p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1, engine_state=True,
+                     pad_slot_id=0)
+    compare_steps(p, gen, steps=3, pad=3, layers=2, adopt=True, destinations=tokens == 1)
+    compare_steps(cuda_problem(state_dtype=state_dtype, pad_slot_id=99), gen, steps=2, pad=3, destinations=True)
+
+
+def test_ids_outside_the_cache_on_the_gpu(gen):
+    from ssu.conformance import check_guarded_ids
+
+    for fields in ({}, {"tokens_per_step": 4, "speculative": True}):
+        check_guarded_ids(ssu.open(ssu.Config(backend="triton"), cuda_problem(**fields)), gen)
+
+
+def test_dropin_in_a_cuda_graph(gen):
+    """The drop-in call, once its kernel is open and warm, captured in a CUDA graph: replays write
+    the engine's cache and outputs exactly as eager calls do."""
+    ssu.dropin.clear()
+    H, P, N, G = SHAPES["nemotron-h-8b"]
+    b = 16
+    config = ssu.Config(backend="triton")
+    eager_cache = torch.randn(32, H, P, N, device="cuda")
+    graph_cache = eager_cache.clone()
+    x = torch.randn(b, H, P, device="cuda").bfloat16()
+    dt = torch.randn(b, 1, H, device="cuda").bfloat16().transpose(1, 2).expand(-1, -1, P)
+    A = (-torch.rand(H, device="cuda") - 1)[:, None, None].expand(-1, P, N)
+    B, C = (torch.randn(b, G, N, device="cuda").bfloat16() for _ in range(2))
+    D = torch.randn(H, device="cuda").bfloat16()[:, None].expand(-1, P)
+    slots = torch.randperm(32, device="cuda")[:b].int()
+    out = torch.empty_like(x)
+
+    def call(cache, target):
+        return ssu.selective_state_update(cache, x, dt, A, B, C, D, dt_bias=D, dt_softplus=True,
+                                          state_batch_indices=slots, out=target, config=config)
+
+    call(graph_cache, out)  # opens, adopts and warms up (tunes) before the capture
+    graph_cache.copy_(eager_cache)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(graph_cache, out)
+    graph_cache.copy_(eager_cache)
+    eager_out = torch.empty_like(x)
+    for _ in range(3):
+        graph.replay()
+        call(eager_cache, eager_out)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager_out) and torch.equal(graph_cache, eager_cache)
+    ssu.dropin.clear()

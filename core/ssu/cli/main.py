@@ -65,9 +65,11 @@ def _parser() -> Parser:
     p.add_argument("--dir", default=".", help="where to create ssu-backend-NAME/ (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite an existing, non-empty folder")
 
+    from .bench import add_bench_parser
     from .compare import add_compare_parser
 
     add_compare_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -264,10 +266,12 @@ def cmd_new_backend(args) -> int:
 
 
 def _commands() -> dict:
+    from .bench import cmd_bench
     from .compare import cmd_compare
 
     return {"new-backend": cmd_new_backend, "backends": cmd_backends, "explain": cmd_explain,
-            "check-config": cmd_check_config, "run": cmd_run, "verify": cmd_verify, "compare": cmd_compare}
+            "check-config": cmd_check_config, "run": cmd_run, "verify": cmd_verify, "compare": cmd_compare,
+            "bench": cmd_bench}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

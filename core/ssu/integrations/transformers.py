@@ -184,7 +184,12 @@ def patch(model, config=None, **options) -> Patch:
 
 
 def _dispatcher(original, selective_state_update):
-    """The modeling module's new function: ssu while a patched mixer runs, else the original."""
+    """The modeling module's new function: ssu while a patched mixer runs, else the original. Under
+    ``torch.compile`` the call to ssu is a graph break: it runs as it does eagerly (its kernel
+    lookups and checks are Python), the rest of the model compiled around it."""
+    import torch
+
+    selective_state_update = torch.compiler.disable(selective_state_update)
 
     def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
                                       z=None, **kwargs):

@@ -1,0 +1,178 @@
+"""Timing one case the way the project reports numbers: CUDA-graph replays of many launches, each
+on another slot set so that the L2 stays cold, the median of the replays.
+
+With several tokens per step (speculative) a timed launch is a whole decode step of a one-layer
+group: the step and the commit, with realistic acceptance (each draft kept with probability 0.7).
+ReplaySSM's slots start at random points of their window (a running server), so that the time is
+the amortised one over a long decode. ``adopt`` times steps on an engine's adopted cache (a view
+with twice a slot's stride) instead of a backend-owned state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import attrs
+
+from ..dtypes import ITEMSIZE
+
+#: each timed graph spans at least this many state bytes, so that the L2 (60 MB on an H200) stays cold
+COLD_BYTES = 1 << 30
+
+
+@attrs.frozen
+class Case:
+    """One measurement: a backend on one problem shape and batch."""
+
+    backend: str
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    state_dtype: str = "fp32"
+    input_dtype: str = "bf16"
+    tokens: int = 1
+    batch: int = 1
+    adopt: bool = False
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype]
+
+    @property
+    def state_traffic(self) -> int:
+        """Bytes a write-every-step kernel must move per step: each state read once and written
+        once per token."""
+        return self.batch * self.slot_bytes * (1 + self.tokens)
+
+
+@attrs.frozen
+class Row:
+    """A measured case: microseconds per step (the step and, when speculative, the commit)."""
+
+    case: Case
+    us: float
+    commit_us: Optional[float] = None
+
+    @property
+    def tbps(self) -> float:
+        return self.case.state_traffic / self.us / 1e6
+
+    def to_dict(self) -> dict:
+        return dict(attrs.asdict(self.case), us=round(self.us, 3), tbps=round(self.tbps, 4),
+                    commit_us=None if self.commit_us is None else round(self.commit_us, 3))
+
+
+def accepted_counts(batch: int, tokens: int, gen, device, p_accept: float = 0.7):
+    """Realistic acceptance: each draft token is kept with probability ``p_accept`` until the first
+    rejection, so num_accepted = 1 + the run of kept drafts (1..tokens)."""
+    import torch
+
+    kept = torch.rand(batch, tokens - 1, generator=gen) < p_accept
+    return (1 + kept.int().cumprod(1).sum(1)).to(torch.int32).to(device)
+
+
+def _staggered_cursors(state, problem, options, gen) -> None:
+    """ReplaySSM: every slot at a random point of its window (as in a running server, where
+    sequences started at different times), so that each step flushes about 1/max_window of them."""
+    import torch
+
+    W = getattr(options, "max_window", 15)
+    L = W + problem.tokens_per_step
+    S = problem.num_slots
+    device = state.buffers["pnat"].device
+    state.buffers["ring_start"][:S] = torch.randint(0, L, (S,), generator=gen, dtype=torch.int32).to(device)
+    state.buffers["pnat"][:S] = torch.randint(0, W + 1, (S,), generator=gen, dtype=torch.int32).to(device)
+    state.buffers["dt_cache"].abs_().mul_(0.1)
+
+
+def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40,
+            timer: Optional[Callable] = None) -> Row:
+    """Median microseconds of one decode step of ``case``; ``config`` (an :class:`ssu.Config`)
+    gives the backend's options. ``timer(launches, min_launches=...)`` times a list of zero-argument
+    launches (default: CUDA-graph replays, :func:`ssu.timing.graph_time_us`)."""
+    import torch
+
+    from ..config import Config
+    from ..inputs import layer_weights, step_inputs
+    from ..kernel import open_kernel
+    from ..problem import Problem
+    from ..timing import graph_time_us
+
+    timer = graph_time_us if timer is None else timer
+    spec = case.tokens > 1
+    versions = case.tokens + 1 if spec else 1
+    sets = max(2, min(64, -(-COLD_BYTES // (case.batch * case.slot_bytes * versions))))
+    if device != "cuda" and not device.startswith("cuda"):
+        sets = 2
+    problem = Problem(nheads=case.nheads, headdim=case.headdim, dstate=case.dstate, ngroups=case.ngroups,
+                      state_dtype=case.state_dtype, input_dtype=case.input_dtype, num_slots=sets * case.batch,
+                      max_batch=case.batch, tokens_per_step=case.tokens, speculative=spec, device=device,
+                      engine_state=case.adopt)
+    kernel = open_kernel(Config(backend=case.backend, validate=False, backends=config.backends), problem)
+    gen = torch.Generator().manual_seed(0)
+    if case.adopt:
+        from ..dtypes import to_torch
+
+        pages = torch.randn(problem.num_slots, 2, case.nheads, case.headdim, case.dstate, generator=gen)
+        state = kernel.adopt_state(pages.to(dtype=to_torch(case.state_dtype), device=device)[:, 0])
+    else:
+        state = kernel.allocate_state(num_layers=1)
+        for buf in state.buffers.values():
+            if buf.is_floating_point():
+                buf.normal_()
+        if "pnat" in state.buffers:
+            _staggered_cursors(state, problem, kernel.options, gen)
+    weights = layer_weights(problem, gen)
+    perm = torch.randperm(problem.num_slots, generator=gen).to(torch.int32).to(device)
+    slot_sets = [perm[i * case.batch:(i + 1) * case.batch].contiguous() for i in range(sets)]
+    inputs = [step_inputs(problem, s, gen, weights=weights).kwargs() for s in slot_sets]
+    outs = [torch.empty_like(i["x"]) for i in inputs]
+    kernel.warmup(state)
+    step = kernel.raw_step
+    commit_us = None
+    if spec:
+        accepted = [accepted_counts(case.batch, case.tokens, gen, device) for _ in range(sets)]
+        launches = [(lambda i=i, o=o, s=s, a=a: (step(state, out=o, layer=0, **i), kernel.commit(state, s, a)))
+                    for i, o, s, a in zip(inputs, outs, slot_sets, accepted)]
+        us = timer(launches, min_launches=iterations)
+        if "pnat" not in state.buffers:  # the commit alone, with as many launches per graph
+            commit_us = timer([(lambda s=s, a=a: kernel.commit(state, s, a)) for s, a in zip(slot_sets, accepted)],
+                              min_launches=iterations)
+    else:
+        launches = [(lambda i=i, o=o: step(state, out=o, layer=0, **i)) for i, o in zip(inputs, outs)]
+        us = timer(launches, min_launches=iterations)
+    return Row(case, us, commit_us)
+
+
+def wall_time_us(launches, *, min_launches: int = 1, repeats: int = 5) -> float:
+    """Median wall-clock microseconds per launch (a CPU has no CUDA graphs): for smoke runs only."""
+    import statistics
+
+    launches = list(launches)
+    for fn in launches:
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for fn in launches:
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / len(launches))
+    return statistics.median(samples)
+
+
+def copy_ceiling_tbps(device: str = "cuda", nbytes: int = 1 << 30, timer: Optional[Callable] = None) -> float:
+    """This GPU's read+write bandwidth: a plain device-to-device copy of ``nbytes`` (two buffers
+    rotated so the L2 holds neither), in TB/s of bytes read plus bytes written."""
+    import torch
+
+    from ..timing import graph_time_us
+
+    timer = graph_time_us if timer is None else timer
+    n = nbytes // 4
+    buffers = [torch.empty(n, dtype=torch.float32, device=device).normal_() for _ in range(3)]
+    launches = [(lambda a=buffers[i], b=buffers[(i + 1) % 3]: b.copy_(a)) for i in range(3)]
+    us = timer(launches, min_launches=6)
+    del buffers
+    return 2 * nbytes / us / 1e6

@@ -1,0 +1,162 @@
+"""What ``ssu bench`` shows: a table, raw rows as JSON, a plot (with matplotlib), and which backend
+to configure for which batches, with a ready ``ssu.toml`` snippet."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Optional
+
+import attrs
+
+from .measure import Row
+
+#: a backend within this fraction of the fastest at a batch counts as tied with it there
+TIE = 0.03
+
+
+def _key(row: Row) -> tuple:
+    c = row.case
+    return (c.state_dtype, c.tokens, c.batch)
+
+
+def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
+    """One line per measured case: time, bandwidth, fraction of the copy ceiling, and how much
+    slower than the fastest backend of that state dtype, tokens and batch."""
+    best = {}
+    for r in rows:
+        best[_key(r)] = min(best.get(_key(r), r.us), r.us)
+    lines = [f"{'backend':22s} {'state':5s} {'T':>2s} {'batch':>6s} {'us/step':>10s} {'TB/s':>6s} "
+             f"{'of copy':>8s} {'vs fastest':>10s}"]
+    for r in sorted(rows, key=lambda r: (_key(r), r.us)):
+        c = r.case
+        of_copy = f"{r.tbps / ceiling_tbps:.0%}" if ceiling_tbps else "-"
+        ratio = r.us / best[_key(r)]
+        lines.append(f"{c.backend:22s} {c.state_dtype:5s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
+                     f"{of_copy:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}")
+    for name, reason in refused.items():
+        lines.append(f"{name:22s} not measured: {reason}")
+    return "\n".join(lines)
+
+
+@attrs.frozen
+class Span:
+    """Batches ``low`` to ``high`` (as measured) where ``backend`` is fastest (``tied``: others
+    within 3 % of it there)."""
+
+    state_dtype: str
+    tokens: int
+    low: int
+    high: int
+    backend: str
+    tied: tuple = ()
+
+
+def recommend(rows: list[Row]) -> list[Span]:
+    """For each state dtype and token count, the fastest backend per batch, runs of batches with
+    the same winner merged; a batch where another backend is within :data:`TIE` keeps the winner of
+    the batch before it when that one is among the tied (so ties do not fragment the ranges)."""
+    spans: list[Span] = []
+    groups = sorted({(r.case.state_dtype, r.case.tokens) for r in rows})
+    for state, tokens in groups:
+        by_batch: dict = {}
+        for r in rows:
+            if (r.case.state_dtype, r.case.tokens) == (state, tokens):
+                by_batch.setdefault(r.case.batch, []).append(r)
+        previous = None
+        for batch in sorted(by_batch):
+            ranked = sorted(by_batch[batch], key=lambda r: r.us)
+            fastest = ranked[0]
+            tied = tuple(r.case.backend for r in ranked[1:] if r.us <= fastest.us * (1 + TIE))
+            winner = fastest.case.backend
+            if previous is not None and previous.backend in tied:
+                winner = previous.backend
+                tied = tuple(sorted((set(tied) - {winner}) | {fastest.case.backend}))
+            if previous is not None and previous.backend == winner:
+                previous = attrs.evolve(previous, high=batch, tied=tuple(sorted(set(previous.tied) | set(tied))))
+                spans[-1] = previous
+            else:
+                previous = Span(state, tokens, batch, batch, winner, tied)
+                spans.append(previous)
+    return spans
+
+
+def advice(spans: list[Span], rows: list[Row]) -> str:
+    """The recommendation in words and a ready ``ssu.toml``: the backend fastest over most of the
+    measured batches first (a config names one backend per engine), the others as fallbacks."""
+    if not spans:
+        return "nothing measured: no backend to recommend"
+    lines = []
+    for s in spans:
+        batches = f"batch {s.low}" if s.low == s.high else f"batches {s.low} to {s.high}"
+        also = f" (within {TIE:.0%}: {', '.join(s.tied)})" if s.tied else ""
+        lines.append(f"state {s.state_dtype}, T={s.tokens}, {batches}: {s.backend}{also}")
+    wins: dict = {}
+    for s in spans:
+        wins[s.backend] = wins.get(s.backend, 0) + sum(
+            1 for r in rows if r.case.backend == s.backend and (r.case.state_dtype, r.case.tokens) ==
+            (s.state_dtype, s.tokens) and s.low <= r.case.batch <= s.high)
+    order = sorted(wins, key=lambda b: -wins[b])
+    fallbacks = [b for b in order[1:]] + (["reference"] if "reference" not in order else [])
+    snippet = "[ssu]\n" + f"backend = {json.dumps([order[0], *fallbacks])}"
+    if len(order) > 1:
+        lines.append(f"no one backend is fastest at every batch: name the one for the batches you serve; "
+                     f"{order[0]} wins the most measured batches")
+    return "\n".join(lines) + "\n\nssu.toml:\n" + snippet
+
+
+def write_json(path, rows: list[Row], meta: dict, refused: dict, spans: list[Span]) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(meta, rows=[r.to_dict() for r in rows], refused=refused,
+                       recommendation=[attrs.asdict(s) for s in spans]), f, indent=1)
+
+
+def plot(path, rows: list[Row], title: str, ceiling_tbps: Optional[float]) -> bool:
+    """Time per step and bandwidth against batch (log axis), a line per backend, a panel pair per
+    state dtype and token count. False when matplotlib is missing (nothing written)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = sorted({(r.case.state_dtype, r.case.tokens) for r in rows})
+    fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.4 * len(groups)), squeeze=False)
+    for (state, tokens), (left, right) in zip(groups, axes):
+        for backend in sorted({r.case.backend for r in rows}):
+            mine = sorted((r for r in rows if (r.case.backend, r.case.state_dtype, r.case.tokens) ==
+                           (backend, state, tokens)), key=lambda r: r.case.batch)
+            if mine:
+                batches = [r.case.batch for r in mine]
+                left.plot(batches, [r.us for r in mine], marker="o", label=backend)
+                right.plot(batches, [r.tbps for r in mine], marker="o", label=backend)
+        for ax, what in ((left, "us per step"), (right, "TB/s (state read + written)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch")
+            ax.set_ylabel(what)
+            ax.set_title(f"state {state}, T={tokens}", fontsize=10)
+            ax.grid(True, alpha=0.3)
+        left.set_yscale("log")
+        if ceiling_tbps:
+            right.axhline(ceiling_tbps, color="gray", linestyle="--", linewidth=1, label="copy ceiling")
+        right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def parse_batches(text: str) -> list[int]:
+    """``1,8,32`` -> [1, 8, 32] (positive, distinct, sorted); ValueError otherwise."""
+    values = sorted({int(v) for v in text.split(",") if v.strip()})
+    if not values or values[0] < 1:
+        raise ValueError(text)
+    return values
+
+
+def names(text: Optional[str], available: Iterable[str]) -> list[str]:
+    """``a,b`` or ``all`` (every available backend)."""
+    if text is None or text == "all":
+        return list(available)
+    return [n.strip() for n in text.split(",") if n.strip()]

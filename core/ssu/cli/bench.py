@@ -1,0 +1,174 @@
+"""``ssu bench``: which backend is fastest for a model's shapes on this GPU, at the batches served."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+
+from .problem_args import MODELS, check_device
+from .usage import UsageError
+
+EXIT_OK = 0
+
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time every available backend on this GPU across batches; table, plot, advice")
+    g = p.add_argument_group("problem (defaults: Nemotron-H-8B head shapes)")
+    g.add_argument("--model", choices=sorted(MODELS), default="nemotron-h-8b", help="head shapes of a real model")
+    g.add_argument("--nheads", type=int, help="H, heads (per tensor-parallel rank)")
+    g.add_argument("--headdim", type=int, help="P, head dimension")
+    g.add_argument("--dstate", type=int, help="N, state dimension")
+    g.add_argument("--ngroups", type=int, help="G, B/C groups")
+    g.add_argument("--state-dtype", default="fp32", help="state cache dtype(s), comma-separated (default fp32)")
+    g.add_argument("--input-dtype", default="bf16", help="input dtype (default bf16)")
+    g.add_argument("--tokens", type=int, default=1, help="tokens per sequence per step; > 1: step + commit")
+    p.add_argument("--batches", default="1,8,32,128,256,512", help="batch sizes (default 1,8,32,128,256,512)")
+    p.add_argument("--backends", default="all", help="comma-separated names, or all (every available backend)")
+    p.add_argument("--config", help="take the backends' options from this ssu.toml / pyproject.toml")
+    p.add_argument("--adopt", action="store_true", help="time steps on an adopted engine cache as well")
+    p.add_argument("--iterations", type=int, default=40, help="launches per captured CUDA graph (default 40)")
+    p.add_argument("--device", default=None, help="cuda (default) or cuda:N; cpu: a labelled smoke run, no benchmark")
+    p.add_argument("--out", help="folder for bench.json, bench.png and bench.txt")
+
+
+def _problem_fields(args) -> dict:
+    fields = dict(MODELS[args.model])
+    for key in fields:
+        if getattr(args, key) is not None:
+            if getattr(args, key) < 1:
+                raise UsageError(f"--{key} must be at least 1, got {getattr(args, key)}")
+            fields[key] = getattr(args, key)
+    return fields
+
+
+def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
+    """The backends to time, and the reason for each not timed (its ``explain`` verdict)."""
+    from ..errors import SSUError
+    from ..problem import Problem
+    from ..registry import default_registry
+    from ..resolve import explain
+
+    registry = default_registry()
+    installed = [n for n in sorted(registry.discover()) if n != "reference" or device == "cpu"]
+    wanted = installed if args.backends == "all" else [n.strip() for n in args.backends.split(",") if n.strip()]
+    chosen, refused = [], {}
+    for name in wanted:
+        try:
+            problem = Problem(**fields, state_dtype=states[0], input_dtype=args.input_dtype, num_slots=2,
+                              max_batch=1, tokens_per_step=args.tokens, speculative=args.tokens > 1, device=device)
+        except SSUError as exc:
+            raise UsageError(str(exc)) from None
+        verdict = explain(config.with_backend(name, "ssu bench"), problem, registry)
+        if verdict.selected == name:
+            chosen.append(name)
+        else:
+            refused[name] = next((c.reason for c in verdict.trace if c.name == name), "not available")
+    return chosen, refused
+
+
+def cmd_bench(args, timer=None) -> int:
+    """Run the benchmark; ``timer`` replaces the CUDA-graph timing (tests)."""
+    import torch
+
+    from ..bench import measure, report
+    from ..config import load_config
+    from ..errors import SSUError
+
+    device = args.device or "cuda"
+    check_device(device)
+    if device.startswith("cuda") and not torch.cuda.is_available() and timer is None:
+        raise UsageError("ssu bench times GPU kernels and this machine has no CUDA device; run it on the GPU you "
+                         "serve from (--device cpu times the reference, and triton in its interpreter, as a smoke "
+                         "run only)")
+    try:
+        batches = report.parse_batches(args.batches)
+    except ValueError:
+        raise UsageError(f"--batches {args.batches!r}: give positive batch sizes, e.g. 1,8,32,128") from None
+    if args.tokens < 1 or args.iterations < 1:
+        raise UsageError("--tokens and --iterations must be at least 1")
+    states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
+    fields = _problem_fields(args)
+    config = load_config(args.config)
+    if "flashinfer-replayssm" not in config.backends:  # its one-kernel path; autotuning each batch takes minutes
+        import attrs
+
+        config = attrs.evolve(config, backends={**config.backends,
+                                                "flashinfer-replayssm": {"autotune": False, "algorithm": "monolith"}})
+    chosen, refused = _candidates(args, fields, states, config, device)
+    smoke = not device.startswith("cuda")
+    if smoke:
+        timer = timer or measure.wall_time_us
+    on = "cpu (a smoke run: wall-clock times of the interpreter, not a benchmark)" if smoke else \
+        (torch.cuda.get_device_name(device) if timer is None else "a fake timer")
+    title = (f"ssu bench {datetime.date.today()}, {on}: H={fields['nheads']} P={fields['headdim']} "
+             f"N={fields['dstate']} G={fields['ngroups']}, input {args.input_dtype}, T={args.tokens}")
+    print(title, flush=True)
+    ceiling = None if smoke else measure.copy_ceiling_tbps(device, timer=timer)
+    if ceiling:
+        print(f"copy ceiling of this GPU: {ceiling:.2f} TB/s (read + write)", flush=True)
+    rows = []
+    adopt_modes = (False, True) if args.adopt else (False,)
+    for state in states:
+        for batch in batches:
+            for name in chosen:
+                for adopt in adopt_modes:
+                    case = measure.Case(name, fields["nheads"], fields["headdim"], fields["dstate"], fields["ngroups"],
+                                        state, args.input_dtype, args.tokens, batch, adopt)
+                    label = f"{name}{' (adopted cache)' if adopt else ''} state {state} batch {batch}"
+                    print(f"  {label}: warming up and timing ...", end="", flush=True, file=sys.stderr)
+                    try:
+                        row = measure.measure(case, config, device=device, iterations=args.iterations, timer=timer)
+                    except SSUError as exc:
+                        print(" skipped", file=sys.stderr)
+                        refused[f"{name} (state {state}, batch {batch})"] = str(exc)
+                        continue
+                    print(f" {row.us:.1f} us", file=sys.stderr, flush=True)
+                    rows.append(row)
+                    if not smoke:
+                        torch.cuda.empty_cache()
+    if args.adopt:  # the table compares adopted and owned states as two entries
+        rows = [attrs_evolve_backend(r) for r in rows]
+    text = report.table(rows, ceiling, refused)
+    spans = report.recommend([r for r in rows if not r.case.adopt or not args.adopt])
+    advice = report.advice(spans, rows)
+    print(text)
+    print()
+    print(advice)
+    if args.out:
+        from pathlib import Path
+
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
+            meta = dict(title=title, date=str(datetime.date.today()), device=on, ceiling_tbps=ceiling,
+                        torch=torch.__version__, python=platform.python_version(), versions=_versions(chosen))
+            report.write_json(out / "bench.json", rows, meta, refused, spans)
+            plotted = report.plot(out / "bench.png", rows, title, ceiling)
+        except OSError as exc:
+            raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
+        print(f"\nwrote {out / 'bench.txt'}, {out / 'bench.json'}" + (f", {out / 'bench.png'}" if plotted else
+              " (no plot: pip install 'ssu-core[bench]' for matplotlib)"))
+    return EXIT_OK
+
+
+def attrs_evolve_backend(row):
+    """A row of an adopted-cache measurement, named ``backend+adopted`` in the table."""
+    import attrs
+
+    if not row.case.adopt:
+        return row
+    return attrs.evolve(row, case=attrs.evolve(row.case, backend=f"{row.case.backend}+adopted"))
+
+
+def _versions(backends) -> dict:
+    import importlib.metadata
+
+    found = {}
+    for dist in ("ssu-core", "triton", "flashinfer-python", *[f"ssu-backend-{b}" for b in backends]):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found

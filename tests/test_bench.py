@@ -1,0 +1,102 @@
+"""``ssu bench`` without a GPU: arguments, the table, JSON and plot, the recommendation (ties,
+backends fastest in some ranges only), and the refusal to pretend a CPU is a benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ssu.bench import measure, report
+from ssu.cli.main import main
+
+SMALL = ["--nheads", "4", "--headdim", "8", "--dstate", "16", "--ngroups", "2"]
+
+
+def row(backend, batch, us, state="fp32", tokens=1, adopt=False):
+    return measure.Row(measure.Case(backend, 128, 64, 128, 8, state, "bf16", tokens, batch, adopt), us)
+
+
+def test_a_machine_without_a_gpu_is_told_so():
+    import os
+
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    result = subprocess.run([sys.executable, "-m", "ssu", "bench"], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "no CUDA device" in result.stderr and "--device cpu" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "0,8"], "--batches '0,8': give positive batch sizes"),
+    (["--batches", "x"], "--batches 'x'"),
+    (["--nheads", "0"], "--nheads must be at least 1"),
+    (["--device", "nope"], "--device 'nope' is not a device"),
+])
+def test_bad_arguments(args, message, capsys):
+    assert main(["bench", "--device", "cpu", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_traffic_and_bandwidth():
+    r = row("triton", 32, 68.4)
+    assert r.case.slot_bytes == 128 * 64 * 128 * 4 and r.case.state_traffic == 2 * 32 * r.case.slot_bytes
+    assert abs(r.tbps - r.case.state_traffic / 68.4e-6 / 1e12) < 1e-9
+    assert row("triton", 8, 1.0, tokens=4).case.state_traffic == 5 * 8 * 128 * 64 * 128 * 4
+
+
+def test_recommendation_merges_ranges_and_handles_ties():
+    rows = [row("triton", 1, 4.7), row("replay", 1, 9.6), row("triton", 8, 18.8), row("replay", 8, 22.9),
+            row("triton", 32, 68.4), row("replay", 32, 54.1), row("triton", 128, 264.7), row("replay", 128, 162.7),
+            row("triton", 256, 310.0), row("replay", 256, 314.0)]  # a tie at 256 keeps the winner before it
+    spans = report.recommend(rows)
+    assert [(s.low, s.high, s.backend) for s in spans] == [(1, 8, "triton"), (32, 256, "replay")]
+    assert spans[1].tied == ("triton",)
+    text = report.advice(spans, rows)
+    assert "batches 1 to 8: triton" in text and "batches 32 to 256: replay (within 3%: triton)" in text
+    assert "no one backend is fastest at every batch" in text
+    assert 'backend = ["replay", "triton", "reference"]' in text
+    only = report.recommend([row("a", 1, 2.0), row("b", 1, 2.01)])
+    assert [(s.backend, s.tied) for s in only] == [("a", ("b",))]
+    assert report.advice([], []).startswith("nothing measured")
+
+
+def test_table_json_and_plot(tmp_path):
+    rows = [row("triton", 8, 18.8), row("flashinfer", 8, 21.0), row("triton", 32, 68.4), row("flashinfer", 32, 74.4)]
+    text = report.table(rows, 4.26, {"replay": "unavailable here"})
+    lines = text.splitlines()
+    assert "fastest" in lines[1] and lines[2].endswith("1.12x") and "of copy" in lines[0]
+    assert "replay" in lines[-1] and "not measured: unavailable here" in lines[-1]
+    spans = report.recommend(rows)
+    report.write_json(tmp_path / "b.json", rows, {"title": "t"}, {"replay": "why"}, spans)
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["rows"][0]["backend"] == "triton" and data["refused"] == {"replay": "why"}
+    assert data["recommendation"][0]["backend"] == "triton"
+    pytest.importorskip("matplotlib")
+    assert report.plot(tmp_path / "b.png", rows, "title", 4.26)
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_cpu_smoke_run_over_two_backends_writes_all_outputs(tmp_path, capsys):
+    """reference and triton (in its interpreter) with a fake timer: the whole command's output."""
+    from ssu.cli.bench import cmd_bench
+    from ssu.cli.main import _parser
+
+    pytest.importorskip("matplotlib")
+    fake = {"n": 0}
+
+    def timer(launches, min_launches=1):
+        fake["n"] += 1
+        return 10.0 * fake["n"]
+
+    args = _parser().parse_args(["bench", "--device", "cpu", "--backends", "reference,triton,flashinfer",
+                                 "--batches", "1,2", "--state-dtype", "fp32,bf16", "--adopt", "--out",
+                                 str(tmp_path), *SMALL])
+    assert cmd_bench(args, timer=timer) == 0
+    out = capsys.readouterr().out
+    assert "a smoke run" in out and "triton+adopted" in out and "flashinfer" in out and "ssu.toml:" in out
+    assert {p.name for p in tmp_path.iterdir()} == {"bench.txt", "bench.json", "bench.png"}
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rows"]) == 2 * 2 * 2 * 2 and "flashinfer" in data["refused"]
