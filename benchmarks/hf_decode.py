@@ -68,7 +68,7 @@ def main() -> int:
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model = hf_models.random_model(args.arch, args.preset, args.layers, vocab=args.vocab, dtype=dtype,
-                                   device=args.device)
+                                   device=args.device, chunk_size=args.prompt_len)
     config = ssu.Config(backend=args.backend)
     import transformers
 

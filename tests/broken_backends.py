@@ -1,5 +1,5 @@
 """Deliberately wrong backends: each must fail the conformance kit. All delegate to the reference
-and then break exactly one rule of SPEC.md."""
+and then break exactly one rule of docs/spec.md."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from fakes import small_problem
 
 
 def scalar_math(state, x, dt, A, B, C, D, z, dt_bias, softplus):
-    """SPEC.md's equations element by element, in Python floats (one sequence, T tokens)."""
+    """docs/spec.md's equations element by element, in Python floats (one sequence, T tokens)."""
     T, H, P = len(x), len(x[0]), len(x[0][0])
     G, N = len(B[0]), len(B[0][0])
     s = [[[state[h][p][n] for n in range(N)] for p in range(P)] for h in range(H)]

@@ -1,4 +1,4 @@
-"""An independent float64 statement of SPEC.md's math, written for clarity, not speed.
+"""An independent float64 statement of docs/spec.md's math, written for clarity, not speed.
 
 Used to test the reference backend (and, through it, every other one) and by ``ssu run`` to check
 the chosen backend along a decode. It works on plain tensors: no kernel, no state layout.
@@ -10,7 +10,7 @@ import math
 
 
 def softplus64(v):
-    """softplus(v) = log(1 + exp(v)), and v itself above 20 (SPEC.md)."""
+    """softplus(v) = log(1 + exp(v)), and v itself above 20 (docs/spec.md)."""
     import torch
 
     return torch.where(v > 20.0, v, torch.log1p(torch.exp(torch.clamp(v, max=20.0))))

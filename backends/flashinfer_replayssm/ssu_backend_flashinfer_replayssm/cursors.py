@@ -1,4 +1,4 @@
-"""The ring cursors of ReplaySSM and the rule that moves them after each step (SPEC.md, "ReplaySSM").
+"""The ring cursors of ReplaySSM and the rule that moves them after each step (docs/spec.md, "ReplaySSM").
 
 Per slot, ``ring_start`` is the ring row of the oldest token not yet folded into the checkpoint and
 ``pnat`` (prev_num_accepted_tokens) how many such tokens there are. FlashInfer's kernel reads them

@@ -1,5 +1,5 @@
 """A CPU stand-in for FlashInfer's ``checkpointing_ssu``, written from its documented contract
-(SPEC.md "ReplaySSM" and FlashInfer's docstring), so that every line of this backend around the
+(docs/spec.md "ReplaySSM" and FlashInfer's docstring), so that every line of this backend around the
 kernel (layout, pad slot, cursors, pending flushes, folds, commits) is tested in CI without a GPU.
 
 It enforces the layout rules FlashInfer's C++ checks (shapes, broadcast strides, ring length),

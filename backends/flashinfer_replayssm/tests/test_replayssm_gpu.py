@@ -96,7 +96,10 @@ def test_prefill_hand_off_with_write_state(gen):
 def test_conformance_checks(state_dtype, tokens, check, gen):
     """The shared checks (CUDA-graph capture of step + commit included) at the real shape."""
     fn, _ = conformance.CHECKS[check]
-    fn(kernel(problem(state_dtype, tokens)), gen)
+    try:
+        fn(kernel(problem(state_dtype, tokens)), gen)
+    except conformance.CheckSkipped as exc:  # e.g. partial commits without speculation
+        pytest.skip(str(exc))
 
 
 def test_warmup_leaves_everything_bit_identical_and_the_cache_is_reused(tmp_path, gen):

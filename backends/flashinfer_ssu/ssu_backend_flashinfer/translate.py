@@ -293,8 +293,21 @@ def make_step(ctx):
 
 
 def commit(ctx, state, slots, num_accepted) -> None:
-    """The cursor move of an allocated state, or the draft copy of an adopted one (torch ops)."""
-    slot_state.commit(state, slots, num_accepted, ctx.faults)
+    """The cursor move of an allocated state, or the draft copy of an adopted one: Triton launches
+    where Triton runs (:mod:`ssu.slot_kernels`), torch ops otherwise (:mod:`ssu.slot_state`)."""
+    p = ctx.problem
+    if ctx.scratch["triton_rows"]:
+        from ssu import slot_kernels
+
+        if slot_state.uses_cursor(state):
+            slot_kernels.commit(state.buffers["cursor"], slots, num_accepted, ctx.faults, pad_slot_id=p.pad_slot_id,
+                                num_slots=p.num_slots, versions=versions(p))
+        else:
+            for layer, cache in enumerate(state.cache):
+                slot_kernels.copy_drafts(cache, state.buffers["draft"][layer], slots, num_accepted, ctx.faults,
+                                         pad_slot_id=p.pad_slot_id, num_slots=p.num_slots, record=layer == 0)
+    else:
+        slot_state.commit(state, slots, num_accepted, ctx.faults)
     ctx.scratch["rows_for"] = None  # the next step recomputes its cache rows
 
 

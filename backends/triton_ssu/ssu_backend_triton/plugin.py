@@ -97,7 +97,7 @@ def ssu_commit(ctx, state, slots, num_accepted):
     """An allocated state: the cursor move of :mod:`ssu.slot_state` as one Triton launch (no state
     is copied), with programmatic dependent launch unless the options turn it off. An adopted
     cache: the accepted drafts copied into the engine's tensors, a launch per layer."""
-    from .kernel import commit, copy_drafts
+    from ssu.slot_kernels import commit, copy_drafts
 
     p = ctx.problem
     if slot_state.uses_cursor(state):

@@ -183,7 +183,7 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     from ssu.slot_state import versions
     from ssu.timing import graph_time_us
 
-    from .kernel import _pdl_capable
+    from ssu.slot_kernels import pdl_capable
 
     p = problem
     K = versions(p)
@@ -213,7 +213,7 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     for config in configs:
         time_config(config)
     # the winner again with programmatic dependent launch, where launches honour it (sm_90 and newer)
-    if try_pdl and best is not None and not best[0].pdl and _pdl_capable(torch.device(p.device)):
+    if try_pdl and best is not None and not best[0].pdl and pdl_capable(torch.device(p.device)):
         time_config(best[0]._replace(pdl=1))
     if try_branchless and best is not None:
         time_config(best[0]._replace(branchless=1 - best[0].branchless))

@@ -30,6 +30,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--iterations", type=int, default=40, help="launches per captured CUDA graph (default 40)")
     p.add_argument("--device", default=None, help="cuda (default) or cuda:N; cpu: a labelled smoke run, no benchmark")
     p.add_argument("--out", help="folder for bench.json, bench.png and bench.txt")
+    p.add_argument("--from", dest="saved", metavar="BENCH.json",
+                   help="measure nothing: render a saved run again (table, plot, advice), e.g. on a machine without a GPU")
+    p.add_argument("--ceiling", type=float, help="with --from: the copy ceiling in TB/s to state the rows against")
 
 
 def _problem_fields(args) -> dict:
@@ -67,6 +70,41 @@ def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
     return chosen, refused
 
 
+def _render_saved(args) -> int:
+    """``--from``: the table, plot and advice of a saved run (its rows as measured)."""
+    import json
+    from pathlib import Path
+
+    import attrs
+
+    from ..bench import measure, report
+
+    try:
+        data = json.loads(Path(args.saved).read_text())
+        fields = {f.name for f in attrs.fields(measure.Case)}
+        rows = [measure.Row(measure.Case(**{k: r[k] for k in fields if k in r}), r["us"], r.get("commit_us"))
+                for r in data["rows"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--from {args.saved}: not a saved ssu bench run ({exc})") from None
+    ceiling = args.ceiling or data.get("ceiling_tbps")
+    title = data.get("title", "ssu bench") + (f" (copy ceiling {ceiling:.2f} TB/s)" if args.ceiling else "")
+    text = report.table(rows, ceiling, data.get("refused", {}))
+    spans = report.recommend([r for r in rows if not r.case.backend.endswith("+adopted")])
+    advice = report.advice(spans, rows)
+    print(title)
+    print(text)
+    print()
+    print(advice)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
+        report.write_json(out / "bench.json", rows, dict(data, title=title, ceiling_tbps=ceiling),
+                          data.get("refused", {}), spans)
+        report.plot(out / "bench.png", rows, title, ceiling)
+    return EXIT_OK
+
+
 def cmd_bench(args, timer=None) -> int:
     """Run the benchmark; ``timer`` replaces the CUDA-graph timing (tests)."""
     import torch
@@ -75,6 +113,8 @@ def cmd_bench(args, timer=None) -> int:
     from ..config import load_config
     from ..errors import SSUError
 
+    if args.saved:
+        return _render_saved(args)
     device = args.device or "cuda"
     check_device(device)
     if device.startswith("cuda") and not torch.cuda.is_available() and timer is None:
@@ -108,11 +148,16 @@ def cmd_bench(args, timer=None) -> int:
     if ceiling:
         print(f"copy ceiling of this GPU: {ceiling:.2f} TB/s (read + write)", flush=True)
     rows = []
-    adopt_modes = (False, True) if args.adopt else (False,)
+    from ..registry import default_registry
+
+    adopting = {name for name in chosen if default_registry().load(name).spec.capabilities.adopt_state}
+    if args.adopt:
+        for name in sorted(set(chosen) - adopting):
+            refused[f"{name} (adopted cache)"] = "steps only states it allocates (no adopt_state capability)"
     for state in states:
         for batch in batches:
             for name in chosen:
-                for adopt in adopt_modes:
+                for adopt in (False, True) if args.adopt and name in adopting else (False,):
                     case = measure.Case(name, fields["nheads"], fields["headdim"], fields["dstate"], fields["ngroups"],
                                         state, args.input_dtype, args.tokens, batch, adopt)
                     label = f"{name}{' (adopted cache)' if adopt else ''} state {state} batch {batch}"

@@ -73,7 +73,7 @@ def _unknown_arch(arch: str) -> str:
 
 
 def random_model(arch: str, preset: str, layers: int, *, vocab: int = 1024, dtype=None, device: str = "cpu",
-                 seed: int = 0, shapes: Optional[tuple] = None):
+                 seed: int = 0, shapes: Optional[tuple] = None, chunk_size: Optional[int] = None):
     """A causal LM of ``arch`` with random weights (seeded) at ``preset``'s mixer shapes, its
     mixers' dt_bias and A_log drawn as in a trained model (transformers' initial dt is about
     0.01, under which a decode step barely changes the state)."""
@@ -84,8 +84,11 @@ def random_model(arch: str, preset: str, layers: int, *, vocab: int = 1024, dtyp
         raise ConfigError(_unknown_arch(arch))
     H, P, N, G = shapes or PRESETS[preset]
     torch.manual_seed(seed)
+    fields = config_fields(arch, H, P, N, G, layers, vocab)
+    if chunk_size is not None:  # the prefill's chunk: transformers' torch scan holds (batch, H, chunk, chunk) terms
+        fields["chunk_size" if arch in ("mamba2", "nemotron_h", "zamba2") else "mamba_chunk_size"] = chunk_size
     try:
-        config = AutoConfig.for_model(arch, **config_fields(arch, H, P, N, G, layers, vocab))
+        config = AutoConfig.for_model(arch, **fields)
     except (ValueError, TypeError) as exc:  # transformers' own validation of the config
         raise ConfigError(f"transformers refuses a {arch} config of H={H} P={P} N={N} G={G}: "
                           f"{str(exc).splitlines()[-1]}") from None
@@ -259,3 +262,11 @@ class null_ssu:
 
         for name, function in self.saved.items():
             setattr(sys.modules[name], integration.FUNCTION, function)
+
+
+def prompt_ids(model, batch: int = 1, length: int = 8, seed: int = 0):
+    """Random prompt tokens for ``model`` (batch, length), on its device."""
+    import torch
+
+    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return ids.to(next(model.parameters()).device)

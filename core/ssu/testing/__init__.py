@@ -1,4 +1,4 @@
-"""The ssu conformance kit: prove that a backend computes SPEC.md exactly, before production does.
+"""The ssu conformance kit: prove that a backend computes docs/spec.md exactly, before production does.
 
 - ``pytest --ssu-backend NAME`` (this package's pytest plugin, registered through the ``pytest11``
   entry point and inactive unless that option is given) runs the conformance suite against any
