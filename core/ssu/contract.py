@@ -47,6 +47,13 @@ def _parameters(fn: Callable) -> list[inspect.Parameter]:
 #: the step's parameters, in order, with their defaults
 STEP_PARAMETERS: tuple[inspect.Parameter, ...] = tuple(_parameters(StepFn.__call__))
 STEP_NAMES: tuple[str, ...] = tuple(p.name for p in STEP_PARAMETERS)
+#: the parameters that are tensors (all but the state, the softplus flag and the layer), in order
+TENSOR_NAMES: tuple[str, ...] = tuple(n for n in STEP_NAMES if n not in ("state", "dt_softplus", "layer"))
+#: the tensor parameters that may be None
+OPTIONAL_TENSORS: frozenset = frozenset(p.name for p in STEP_PARAMETERS if p.name in TENSOR_NAMES and
+                                        p.default is None)
+#: the per-head parameters, which may come expanded over P and N (``Capabilities.tied_inputs``)
+PER_HEAD: tuple[str, ...] = ("dt", "A", "D", "dt_bias")
 #: parameters added by plugin API minors: a backend declaring an older minor may omit them
 ADDED_IN = {"dst_slots": (1, 2)}
 
@@ -55,6 +62,18 @@ def describe(parameters) -> str:
     """``(state, x, ..., dst_slots=None)``."""
     return "(" + ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
                            for p in parameters) + ")"
+
+
+def define_step(body: str, passed: tuple, namespace: dict, name: str) -> "StepFn":
+    """A function with the step's signature (``StepFn``'s parameters and defaults), running
+    ``body`` (source, indented four spaces, which may use every parameter by name and the names in
+    ``namespace``) and then returning ``raw(...)`` with the parameters ``passed``: how the core
+    wraps a backend's step without spelling the signature out again."""
+    source = (f"def step{describe(STEP_PARAMETERS)}:\n{body}"
+              f"    return raw({', '.join(passed)})\n")
+    scope = dict(namespace)
+    exec(compile(source, f"<{name}>", "exec"), scope)  # noqa: S102 - source built from the contract's names
+    return scope["step"]
 
 
 def expected_parameters(api: tuple[int, int]) -> tuple[inspect.Parameter, ...]:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 
 from . import faults
 from .config import Config, load_config
+from . import contract
 from .contract import StepFn, check_step
 from .errors import BackendError, ConfigError, InputError
 from .problem import Problem
@@ -20,41 +21,47 @@ from .resolve import Resolution, resolve
 from .validation import Checker, Signatures
 
 
+_CHECKED_BODY = """\
+    try:
+        known = token in state.checked
+    except AttributeError:  # not a State: the full check names it
+        known = False
+    if not (known and type(layer) is int and 0 <= layer < state.num_layers and type(dt_softplus) is bool
+            and seen({tensors})):
+        checker.step(dict({arguments}))
+        add({tensors})
+        state.checked.add(token)
+    if full:
+        checker.slot_values(slots)
+        if dst_slots is not None:
+            checker.slot_values(dst_slots, name="dst_slots")
+    state.stepped.add(layer)
+    if guard is not None:
+        slots = guard(slots, problem, record, SLOTS)
+        if dst_slots is not None:
+            dst_slots = guard(dst_slots, problem, record, DST_SLOTS)
+"""
+
+
 def _checked_step(kernel: "Kernel", raw: Callable, full: bool) -> StepFn:
     """``raw`` behind the checks: each new input signature fully, every call's cheap facts (the
     state, the layer), with ``full`` also slot values; ids outside the cache replaced by the pad id
-    first for a backend that does not guard them itself."""
+    first for a backend that does not guard them itself. The wrapper's signature is the
+    contract's (:func:`ssu.contract.define_step`), and it passes on the parameters the backend's
+    plugin API knows."""
     checker = kernel._checker
     signatures = Signatures()
-    token = object()  # in ``state.checked`` once the state passed this kernel's checks
-    problem = kernel.problem
-    record = kernel._ctx.faults
-    guard = None if kernel.capabilities.guards_slots else faults.guard
-
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
-             dst_slots=None):
-        try:
-            known = token in state.checked
-        except AttributeError:  # not a State: the full check names it
-            known = False
-        if not (known and type(layer) is int and 0 <= layer < state.num_layers
-                and type(dt_softplus) is bool and signatures.seen(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)):
-            checker.step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
-            signatures.add(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)
-            state.checked.add(token)
-        if full:
-            checker.slot_values(slots)
-            if dst_slots is not None:
-                checker.slot_values(dst_slots, name="dst_slots")
-        state.stepped.add(layer)
-        if guard is not None:
-            slots = guard(slots, problem, record, faults.SLOTS)
-            if dst_slots is not None:
-                dst_slots = guard(dst_slots, problem, record, faults.DST_SLOTS)
-        if dst_slots is None:
-            return raw(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer)
-        return raw(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
-
+    api = tuple(int(p) for p in kernel._loaded.spec.api_version.split(".")[:2])
+    body = _CHECKED_BODY.format(tensors=signatures.arguments(),
+                                arguments=", ".join(f"{n}={n}" for n in contract.STEP_NAMES))
+    namespace = dict(token=object(),  # in ``state.checked`` once the state passed this kernel's checks
+                     seen=signatures.seen, add=signatures.add, checker=checker,
+                     full=full, guard=None if kernel.capabilities.guards_slots else faults.guard,
+                     problem=kernel.problem, record=kernel._ctx.faults, SLOTS=faults.SLOTS,
+                     DST_SLOTS=faults.DST_SLOTS, raw=raw,
+                     **{f"NONE_{name}": t for name, t in signatures.placeholders.items()})
+    passed = tuple(p.name for p in contract.expected_parameters(api))
+    step = contract.define_step(body, passed, namespace, f"ssu checked step of {kernel.backend}")
     step.__doc__ = StepFn.__doc__
     step.__wrapped__ = raw
     return step

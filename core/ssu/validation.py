@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from . import contract
 from .dtypes import dtype_name
 from .errors import InputError
 from .problem import Problem
@@ -30,42 +31,48 @@ def _tensor_guards():
     return TensorGuards
 
 
-#: positions of dt, A, D and dt_bias among a call's tensors (:meth:`Signatures._tensors`)
-TIED = (1, 2, 6, 8)
+#: where the tensors of a call sit in a signature: the contract's tensor parameters, in order
+_POSITIONS = {name: i for i, name in enumerate(contract.TENSOR_NAMES)}
+#: positions whose strides after the first are part of the signature: out (what was checked of it)
+#: and the per-head parameters (stride 0 along P and N where expanded)
+_STRIDED = tuple(_POSITIONS[n] for n in ("out", *contract.PER_HEAD))
 
 
 def _python_key(tensors) -> tuple:
-    """A signature as a Python key: what the guards compare (the strides of ``out`` and the tied
-    strides of the per-head parameters included)."""
-    return (tuple((t.shape, t.dtype, t.device) for t in tensors) + (tensors[9].stride(),)
-            + tuple(tensors[i].stride()[1:] for i in TIED))
+    """A signature as a Python key: what the guards compare."""
+    return (tuple((t.shape, t.dtype, t.device) for t in tensors)
+            + tuple(tensors[i].stride()[1:] for i in _STRIDED) + (tensors[_POSITIONS["out"]].stride()[:1],))
 
 
 class Signatures:
     """The input signatures of one kernel that passed the full check.
 
-    A signature is the dtype, device, sizes (and, for ``out``, strides) of the eleven tensor
-    arguments, an absent optional one standing as an empty placeholder. :meth:`seen` compares a
-    call against the remembered signatures; it never raises (a non-tensor simply matches none).
-    torch's guards also compare autograd and dispatch state, and never match a call that passes
-    one tensor as two arguments: such calls take the full check each time, never a wrong answer.
+    A signature is the dtype, device, sizes (and, for ``out`` and the per-head parameters,
+    strides) of the call's tensor arguments (``ssu.contract.TENSOR_NAMES``, in that order), an
+    absent optional one standing as an empty placeholder. :meth:`seen` compares a call against the
+    remembered signatures; it never raises (a non-tensor simply matches none). torch's guards also
+    compare autograd and dispatch state, and never match a call that passes one tensor as two
+    arguments: such calls take the full check each time, never a wrong answer.
     """
 
     def __init__(self, use_guards: bool = True) -> None:
         import torch
 
         self._guard_class = _tensor_guards() if use_guards else None
-        # one placeholder per optional argument: the guards never match a tensor passed twice
-        self._none = tuple(torch.empty(0) for _ in range(5))
+        #: what stands for an absent optional tensor, one each (the guards never match a tensor
+        #: passed twice): callers pass these instead of None (:meth:`arguments` says how)
+        self.placeholders = {n: torch.empty(0) for n in contract.TENSOR_NAMES if n in contract.OPTIONAL_TENSORS}
         self._entries: list = []
 
-    def _tensors(self, x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots) -> tuple:
-        n = self._none
-        return (x, dt, A, B, C, slots, n[0] if D is None else D, n[1] if z is None else z,
-                n[2] if dt_bias is None else dt_bias, n[3] if out is None else out, n[4] if dst_slots is None else dst_slots)
+    @staticmethod
+    def arguments() -> str:
+        """Source of the tensor arguments of :meth:`seen` and :meth:`add`, placeholders
+        (``NONE_<name>``) standing for absent optional ones: what a generated step passes."""
+        return ", ".join(f"{n} if {n} is not None else NONE_{n}" if n in contract.OPTIONAL_TENSORS else n
+                         for n in contract.TENSOR_NAMES)
 
-    def seen(self, x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots) -> bool:
-        tensors = self._tensors(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)
+    def seen(self, *tensors) -> bool:
+        """Whether the call's tensors (placeholders for absent ones) match a remembered signature."""
         if self._guard_class is not None:
             for guard in self._entries:
                 if guard.check(*tensors):
@@ -77,14 +84,14 @@ class Signatures:
             return False
         return key in self._entries
 
-    def add(self, x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots) -> None:
+    def add(self, *tensors) -> None:
         """Remember a signature that passed the full check."""
-        tensors = self._tensors(x, dt, A, B, C, slots, D, z, dt_bias, out, dst_slots)
         entry = None
         if self._guard_class is not None:
             strides = [[None] * t.dim() for t in tensors]
-            strides[9] = list(tensors[9].stride())  # out: its strides are part of what was checked
-            for i in TIED:  # a per-head parameter's stride 0 along P (and N), where expanded
+            out = _POSITIONS["out"]
+            strides[out] = list(tensors[out].stride())
+            for i in _STRIDED[1:]:
                 strides[i][1:] = list(tensors[i].stride()[1:])
             try:
                 entry = self._guard_class(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
@@ -201,7 +208,12 @@ class Checker:
             raise InputError(f"{name}: slot(s) {dup} appear more than once; each sequence needs its own slot")
 
     # calls ---------------------------------------------------------------------------------------
-    def step(self, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots) -> None:
+    def step(self, call: dict) -> None:
+        """Every check of one step call (``call``: the step's arguments by name)."""
+        state, x, dt, A, B, C, slots = (call[n] for n in ("state", "x", "dt", "A", "B", "C", "slots"))
+        D, z, dt_bias, dt_softplus, out, layer = (call[n] for n in ("D", "z", "dt_bias", "dt_softplus", "out",
+                                                                      "layer"))
+        dst_slots = call.get("dst_slots")
         p = self.problem
         self.state(state, layer)
         b = self.slots(slots)
