@@ -28,8 +28,16 @@ COLD_BYTES = 1 << 30
 
 
 @triton.jit
-def copy_kernel(src, dst, n, COPIES: tl.constexpr, BLOCK: tl.constexpr, PERSISTENT: tl.constexpr,
-                STAGES: tl.constexpr, PDL: tl.constexpr):
+def copy_kernel(
+    src,
+    dst,
+    n,
+    COPIES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    STAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """dst[c * n + i] = src[i] for c < COPIES; ``n`` a multiple of BLOCK."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -62,16 +70,35 @@ def time_variant(variant: str, nbytes: int, copies: int, iterations: int) -> flo
             return float("nan")
         launches = [(lambda s=s, d=d: d.copy_(s)) for s, d in zip(srcs, dsts)]
     elif kind == "grid":
-        launches = [(lambda s=s, d=d: copy_kernel[(n // block,)](s, d, n, COPIES=copies, BLOCK=block, PERSISTENT=False,
-                                                                  STAGES=0, PDL=pdl, num_warps=4, launch_pdl=pdl))
-                    for s, d in zip(srcs, dsts)]
+        launches = [
+            (
+                lambda s=s, d=d: copy_kernel[(n // block,)](
+                    s,
+                    d,
+                    n,
+                    COPIES=copies,
+                    BLOCK=block,
+                    PERSISTENT=False,
+                    STAGES=0,
+                    PDL=pdl,
+                    num_warps=4,
+                    launch_pdl=pdl,
+                )
+            )
+            for s, d in zip(srcs, dsts)
+        ]
     elif kind == "persistent":  # 4 programs of 4 warps per SM, 3 stages of 4 KB each
-        launches = [(lambda s=s, d=d: copy_kernel[(4 * sms,)](s, d, n, COPIES=copies, BLOCK=block, PERSISTENT=True,
-                                                               STAGES=3, PDL=pdl, num_warps=4, launch_pdl=pdl))
-                    for s, d in zip(srcs, dsts)]
+        launches = [
+            (
+                lambda s=s, d=d: copy_kernel[(4 * sms,)](
+                    s, d, n, COPIES=copies, BLOCK=block, PERSISTENT=True, STAGES=3, PDL=pdl, num_warps=4, launch_pdl=pdl
+                )
+            )
+            for s, d in zip(srcs, dsts)
+        ]
     else:
         raise SystemExit(f"unknown variant {variant!r}: use torch, grid or persistent, each optionally +pdl")
-    for s, d in zip(srcs, dsts):  # every variant is checked before it is timed
+    for d in dsts:  # every variant is checked before it is timed
         d.fill_(0)
     launches[0]()
     assert torch.equal(dsts[0].view(copies, n), srcs[0].expand(copies, n)), variant
@@ -85,8 +112,10 @@ def main() -> int:
     ap.add_argument("--variants", default="torch,grid,grid+pdl,persistent,persistent+pdl")
     ap.add_argument("--iterations", type=int, default=40)
     args = ap.parse_args()
-    print(f"# bandwidth_ceiling on {torch.cuda.get_device_name()}: torch {torch.__version__}, "
-          f"triton {triton.__version__}; CUDA-graph replays of {args.iterations} launches, cold L2, median of 7")
+    print(
+        f"# bandwidth_ceiling on {torch.cuda.get_device_name()}: torch {torch.__version__}, "
+        f"triton {triton.__version__}; CUDA-graph replays of {args.iterations} launches, cold L2, median of 7"
+    )
     print("| read MB | copies | variant | us | TB/s (read + writes) | % of 4.26 |")
     print("|---|---|---|---|---|---|")
     for mb in (int(v) for v in args.mbytes.split(",")):
@@ -97,8 +126,10 @@ def main() -> int:
                     continue
                 moved = (mb * 10**6 // 2 // 4096 * 4096) * 2 * (1 + copies)
                 tbps = moved / us / 1e6
-                print(f"| {mb} | {copies} | {variant} | {us:.1f} | {tbps:.2f} | {100 * tbps / PEAK_TBPS:.0f}% |",
-                      flush=True)
+                print(
+                    f"| {mb} | {copies} | {variant} | {us:.1f} | {tbps:.2f} | {100 * tbps / PEAK_TBPS:.0f}% |",
+                    flush=True,
+                )
                 torch.cuda.empty_cache()
     return 0
 

@@ -28,16 +28,40 @@ class NoOpBackend:
     @ssu.hookimpl
     def ssu_backend(self):
         def factory(ctx):
-            def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
-                     dst_slots=None):
+            def step(
+                state,
+                x,
+                dt,
+                A,
+                B,
+                C,
+                slots,
+                D=None,
+                z=None,
+                dt_bias=None,
+                dt_softplus=False,
+                out=None,
+                layer=0,
+                dst_slots=None,
+            ):
                 return out
 
             return step
 
-        return ssu.BackendSpec(name="noop", api_version=ssu.PLUGIN_API_VERSION, factory=factory,
-                               capabilities=ssu.Capabilities(speculative=True, max_tokens_per_step=8, guards_slots=True,
-                                                             adopt_state=True, tied_inputs=True,
-                                                             destination_slots=True, any_pad_slot_id=True))
+        return ssu.BackendSpec(
+            name="noop",
+            api_version=ssu.PLUGIN_API_VERSION,
+            factory=factory,
+            capabilities=ssu.Capabilities(
+                speculative=True,
+                max_tokens_per_step=8,
+                guards_slots=True,
+                adopt_state=True,
+                tied_inputs=True,
+                destination_slots=True,
+                any_pad_slot_id=True,
+            ),
+        )
 
     @ssu.hookimpl
     def ssu_allocate_state(self, ctx, num_layers):
@@ -87,8 +111,8 @@ def main() -> None:
     for validate in (False, True):
         kernel = ssu.open(ssu.Config(backend="noop", validate=validate), problem)
         kwargs = dict(inputs, state=kernel.allocate_state(num_layers=1), out=out, layer=0)
-        direct = per_call_ns(lambda: kernel.raw_step(**kwargs), args.calls)
-        through = per_call_ns(lambda: kernel.step(**kwargs), args.calls)
+        direct = per_call_ns(lambda k=kernel, kw=kwargs: k.raw_step(**kw), args.calls)
+        through = per_call_ns(lambda k=kernel, kw=kwargs: k.step(**kw), args.calls)
         rows.append((f"kernel.step, validate={str(validate).lower()}", direct, through))
     # the drop-in, called as a transformers Mamba2 mixer calls its SSU
     config = ssu.Config(backend="noop")
@@ -103,10 +127,17 @@ def main() -> None:
     state = ssu.dropin._adopted[(id(cache), id(config))].state
     arange = torch.arange(b, dtype=torch.int32, device=args.device)
     same = lambda: kernel.step(state, x, dt, A, B, C, arange, D, None, dt_bias, True)  # noqa: E731
-    rows.append(("selective_state_update (tied, vs kernel.step)", per_call_ns(same, args.calls),
-                 per_call_ns(dropin, args.calls)))
-    print(f"dispatch overhead, {platform.python_implementation()} {platform.python_version()}, "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.calls} calls x 7, median")
+    rows.append(
+        (
+            "selective_state_update (tied, vs kernel.step)",
+            per_call_ns(same, args.calls),
+            per_call_ns(dropin, args.calls),
+        )
+    )
+    print(
+        f"dispatch overhead, {platform.python_implementation()} {platform.python_version()}, "
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.calls} calls x 7, median"
+    )
     print(f"{'path':48s} {'baseline ns':>12s} {'through ns':>11s} {'added ns':>9s}")
     for name, base, through in rows:
         print(f"{name:48s} {base:12.0f} {through:11.0f} {through - base:9.0f}")

@@ -37,9 +37,18 @@ k.warmup(k.allocate_state())
 
 def main(specs: list[str]) -> int:
     t0 = time.perf_counter()
-    procs = [(spec, subprocess.Popen([sys.executable, "-c", WARM_REPLAYSSM if spec.startswith("replayssm:") else WARM,
-                                      spec], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)) for spec in specs]
+    procs = [
+        (
+            spec,
+            subprocess.Popen(
+                [sys.executable, "-c", WARM_REPLAYSSM if spec.startswith("replayssm:") else WARM, spec],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ),
+        )
+        for spec in specs
+    ]
     failed = 0
     for spec, proc in procs:
         out, _ = proc.communicate()

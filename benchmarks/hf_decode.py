@@ -30,9 +30,17 @@ def decode_row(model, batch: int, args, config) -> dict:
     result = hf_models.compare(model, ids, args.new_tokens, config=config, null=True)
     null = result.null_ssu.per_token
     own, through = result.reference.per_token, result.through_ssu.per_token
-    return dict(batch=batch, own_ms=own * 1e3, ssu_ms=through * 1e3, null_ms=null * 1e3,
-                own_share=(own - null) / own, ssu_share=(through - null) / through, speedup=own / through,
-                agreement=result.agreement, within_rounding=result.divergence_within_rounding())
+    return dict(
+        batch=batch,
+        own_ms=own * 1e3,
+        ssu_ms=through * 1e3,
+        null_ms=null * 1e3,
+        own_share=(own - null) / own,
+        ssu_share=(through - null) / through,
+        speedup=own / through,
+        agreement=result.agreement,
+        within_rounding=result.divergence_within_rounding(),
+    )
 
 
 def try_compile(model, args, config) -> str:
@@ -44,8 +52,10 @@ def try_compile(model, args, config) -> str:
         t0 = time.perf_counter()
         with integration.patch(model, config):
             run = hf_models.generate(model, ids, args.new_tokens)
-        return (f"torch.compile(model.forward) through ssu at batch 8: {run.per_token * 1e3:.3f} ms per token "
-                f"(first generate {time.perf_counter() - t0:.0f} s, compilation included)")
+        return (
+            f"torch.compile(model.forward) through ssu at batch 8: {run.per_token * 1e3:.3f} ms per token "
+            f"(first generate {time.perf_counter() - t0:.0f} s, compilation included)"
+        )
     except Exception as exc:  # report, do not fail the benchmark
         return f"torch.compile(model.forward) failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     finally:
@@ -67,28 +77,44 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true")
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model = hf_models.random_model(args.arch, args.preset, args.layers, vocab=args.vocab, dtype=dtype,
-                                   device=args.device, chunk_size=args.prompt_len)
+    model = hf_models.random_model(
+        args.arch,
+        args.preset,
+        args.layers,
+        vocab=args.vocab,
+        dtype=dtype,
+        device=args.device,
+        chunk_size=args.prompt_len,
+    )
     config = ssu.Config(backend=args.backend)
     import transformers
 
     H, P, N, G = hf_models.PRESETS[args.preset]
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"# hf_decode {datetime.date.today()} on {gpu}: transformers {transformers.__version__}, torch "
-          f"{torch.__version__}, Python {platform.python_version()}; {args.arch} random weights, {args.layers} Mamba2 "
-          f"layers of H={H} P={P} N={N} G={G}, {args.dtype}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-          f"ssu backend {args.backend}\n")
-    print("| batch | transformers ms/token | SSU share | ssu ms/token | SSU share | speed-up | tokens equal | "
-          "flips within rounding |")
+    print(
+        f"# hf_decode {datetime.date.today()} on {gpu}: transformers {transformers.__version__}, torch "
+        f"{torch.__version__}, Python {platform.python_version()}; {args.arch} random weights, {args.layers} Mamba2 "
+        f"layers of H={H} P={P} N={N} G={G}, {args.dtype}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+        f"ssu backend {args.backend}\n"
+    )
+    print(
+        "| batch | transformers ms/token | SSU share | ssu ms/token | SSU share | speed-up | tokens equal | "
+        "flips within rounding |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):
         r = decode_row(model, batch, args, config)
-        print(f"| {batch} | {r['own_ms']:.2f} | {r['own_share']:.0%} | {r['ssu_ms']:.2f} | {r['ssu_share']:.0%} | "
-              f"{r['speedup']:.2f}x | {r['agreement']:.0%} | {'yes' if r['within_rounding'] else 'NO'} |", flush=True)
+        print(
+            f"| {batch} | {r['own_ms']:.2f} | {r['own_share']:.0%} | {r['ssu_ms']:.2f} | {r['ssu_share']:.0%} | "
+            f"{r['speedup']:.2f}x | {r['agreement']:.0%} | {'yes' if r['within_rounding'] else 'NO'} |",
+            flush=True,
+        )
         ssu.dropin.clear()
         torch.cuda.empty_cache()
-    print("\n(ms/token: the median decode step after the first token, the device synchronised at each; SSU share: "
-          "against the same decode with an SSU that returns zeros)")
+    print(
+        "\n(ms/token: the median decode step after the first token, the device synchronised at each; SSU share: "
+        "against the same decode with an SSU that returns zeros)"
+    )
     if args.compile:
         print("\n" + try_compile(model, args, config))
     return 0

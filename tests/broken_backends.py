@@ -15,9 +15,12 @@ class _Base:
 
     @ssu.hookimpl
     def ssu_backend(self):
-        return ssu.BackendSpec(name=self.NAME, api_version=ssu.PLUGIN_API_VERSION, factory=self.factory,
-                               capabilities=ssu.Capabilities(devices={"cpu"}, max_tokens_per_step=4,
-                                                             speculative=True))
+        return ssu.BackendSpec(
+            name=self.NAME,
+            api_version=ssu.PLUGIN_API_VERSION,
+            factory=self.factory,
+            capabilities=ssu.Capabilities(devices={"cpu"}, max_tokens_per_step=4, speculative=True),
+        )
 
     def factory(self, ctx):
         return make_step(ctx)
@@ -36,7 +39,22 @@ class WrongGate(_Base):
     def factory(self, ctx):
         step = make_step(ctx)
 
-        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None):
+        def wrong(
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            slots,
+            D=None,
+            z=None,
+            dt_bias=None,
+            dt_softplus=False,
+            out=None,
+            layer=0,
+            dst_slots=None,
+        ):
             out = step(state, x, dt, A, B, C, slots, D, None, dt_bias, dt_softplus, out, layer, dst_slots)
             if z is not None:
                 out.copy_((out.float() * torch.sigmoid(z.float())).to(out.dtype))
@@ -54,7 +72,22 @@ class TouchesNeighbour(_Base):
         step = make_step(ctx)
         S = ctx.problem.num_slots
 
-        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None):
+        def wrong(
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            slots,
+            D=None,
+            z=None,
+            dt_bias=None,
+            dt_softplus=False,
+            out=None,
+            layer=0,
+            dst_slots=None,
+        ):
             out = step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
             real = slots[slots >= 0].long()
             state.buffers["ssm"][layer, (real + 1) % S] *= 0.999
@@ -72,9 +105,38 @@ class IgnoresPadRows(_Base):
         step = make_step(ctx)
         pad = ctx.problem.pad_slot_id
 
-        def wrong(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None):
-            return step(state, x, dt, A, B, C, torch.where(slots == pad, torch.zeros_like(slots), slots),
-                        D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+        def wrong(
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            slots,
+            D=None,
+            z=None,
+            dt_bias=None,
+            dt_softplus=False,
+            out=None,
+            layer=0,
+            dst_slots=None,
+        ):
+            return step(
+                state,
+                x,
+                dt,
+                A,
+                B,
+                C,
+                torch.where(slots == pad, torch.zeros_like(slots), slots),
+                D,
+                z,
+                dt_bias,
+                dt_softplus,
+                out,
+                layer,
+                dst_slots,
+            )
 
         return wrong
 
@@ -87,7 +149,9 @@ class CommitsWrongToken(_Base):
     @ssu.hookimpl
     def ssu_commit(self, ctx, state, slots, num_accepted):
         T = ctx.problem.tokens_per_step
-        slot_state.commit(state, slots, torch.where(num_accepted > 1, num_accepted - 1, torch.full_like(num_accepted, T)))
+        slot_state.commit(
+            state, slots, torch.where(num_accepted > 1, num_accepted - 1, torch.full_like(num_accepted, T))
+        )
 
 
 BROKEN = [WrongGate, TouchesNeighbour, IgnoresPadRows, CommitsWrongToken]

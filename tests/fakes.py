@@ -26,8 +26,15 @@ class FakeSite:
         monkeypatch.syspath_prepend(str(root))
         self._modules: list[str] = []
 
-    def add(self, dist: str, entry_points: dict, *, version: str = "1.0", modules: dict | None = None,
-            info_name: str | None = None) -> None:
+    def add(
+        self,
+        dist: str,
+        entry_points: dict,
+        *,
+        version: str = "1.0",
+        modules: dict | None = None,
+        info_name: str | None = None,
+    ) -> None:
         info = self.root / f"{info_name or dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
@@ -51,7 +58,7 @@ class FakeSite:
 
 
 #: a working CPU backend module for fake distributions: delegates everything to the reference
-GOOD_BACKEND = '''
+GOOD_BACKEND = """
 import ssu
 from ssu.reference.math import make_step
 
@@ -72,7 +79,7 @@ def ssu_probe(device):
     return ssu.AVAILABLE if AVAILABLE else ssu.Availability(False, "no frobnicator here", "install a frobnicator")
 
 from ssu.slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
-'''
+"""
 
 
 def good_backend(name: str, *, api: str = ssu.PLUGIN_API_VERSION, priority: int = 0, available: bool = True) -> str:
@@ -80,7 +87,8 @@ def good_backend(name: str, *, api: str = ssu.PLUGIN_API_VERSION, priority: int 
 
 
 def small_problem(**overrides) -> ssu.Problem:
-    fields = dict(nheads=4, headdim=8, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="fp32",
-                  num_slots=10, max_batch=4)
+    fields = dict(
+        nheads=4, headdim=8, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="fp32", num_slots=10, max_batch=4
+    )
     fields.update(overrides)
     return ssu.Problem(**fields)

@@ -24,17 +24,22 @@ def test_a_machine_without_a_gpu_is_told_so():
 
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    result = subprocess.run([sys.executable, "-m", "ssu", "bench"], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "ssu", "bench"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "no CUDA device" in result.stderr and "--device cpu" in result.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--batches", "0,8"], "--batches '0,8': give positive batch sizes"),
-    (["--batches", "x"], "--batches 'x'"),
-    (["--nheads", "0"], "--nheads must be at least 1"),
-    (["--device", "nope"], "--device 'nope' is not a device"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batches", "0,8"], "--batches '0,8': give positive batch sizes"),
+        (["--batches", "x"], "--batches 'x'"),
+        (["--nheads", "0"], "--nheads must be at least 1"),
+        (["--device", "nope"], "--device 'nope' is not a device"),
+    ],
+)
 def test_bad_arguments(args, message, capsys):
     assert main(["bench", "--device", "cpu", *args]) == 2
     assert message in capsys.readouterr().err
@@ -48,9 +53,18 @@ def test_traffic_and_bandwidth():
 
 
 def test_recommendation_merges_ranges_and_handles_ties():
-    rows = [row("triton", 1, 4.7), row("replay", 1, 9.6), row("triton", 8, 18.8), row("replay", 8, 22.9),
-            row("triton", 32, 68.4), row("replay", 32, 54.1), row("triton", 128, 264.7), row("replay", 128, 162.7),
-            row("triton", 256, 310.0), row("replay", 256, 314.0)]  # a tie at 256 keeps the winner before it
+    rows = [
+        row("triton", 1, 4.7),
+        row("replay", 1, 9.6),
+        row("triton", 8, 18.8),
+        row("replay", 8, 22.9),
+        row("triton", 32, 68.4),
+        row("replay", 32, 54.1),
+        row("triton", 128, 264.7),
+        row("replay", 128, 162.7),
+        row("triton", 256, 310.0),
+        row("replay", 256, 314.0),
+    ]  # a tie at 256 keeps the winner before it
     spans = report.recommend(rows)
     assert [(s.low, s.high, s.backend) for s in spans] == [(1, 8, "triton"), (32, 256, "replay")]
     assert spans[1].tied == ("triton",)
@@ -91,9 +105,23 @@ def test_a_cpu_smoke_run_over_two_backends_writes_all_outputs(tmp_path, capsys):
         fake["n"] += 1
         return 10.0 * fake["n"]
 
-    args = _parser().parse_args(["bench", "--device", "cpu", "--backends", "reference,triton,flashinfer",
-                                 "--batches", "1,2", "--state-dtype", "fp32,bf16", "--adopt", "--out",
-                                 str(tmp_path), *SMALL])
+    args = _parser().parse_args(
+        [
+            "bench",
+            "--device",
+            "cpu",
+            "--backends",
+            "reference,triton,flashinfer",
+            "--batches",
+            "1,2",
+            "--state-dtype",
+            "fp32,bf16",
+            "--adopt",
+            "--out",
+            str(tmp_path),
+            *SMALL,
+        ]
+    )
     assert cmd_bench(args, timer=timer) == 0
     out = capsys.readouterr().out
     assert "a smoke run" in out and "triton+adopted" in out and "flashinfer" in out and "ssu.toml:" in out

@@ -57,8 +57,25 @@ def test_run_small(capsys):
 
 
 def test_run_speculative_with_pad_rows(capsys):
-    assert main(["run", "--layers", "2", "--steps", "3", "--tokens", "3", "--pad-rows", "1",
-                 "--state-dtype", "bf16", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--layers",
+                "2",
+                "--steps",
+                "3",
+                "--tokens",
+                "3",
+                "--pad-rows",
+                "1",
+                "--state-dtype",
+                "bf16",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     assert "result          OK" in capsys.readouterr().out
 
 

@@ -16,8 +16,9 @@ def ssu(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
     environment = dict(os.environ, **(env or {}))
     environment.pop("TRITON_INTERPRET", None)
     environment.pop("SSU_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "ssu", *args], capture_output=True, text=True, cwd=cwd,
-                          env=environment, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ssu", *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=300
+    )
 
 
 def one_error_line(result, code: int = 2) -> str:
@@ -28,26 +29,35 @@ def one_error_line(result, code: int = 2) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "--pad-rows", "-1"], r"--pad-rows must be 0 to 3 \(at least one real row of --batch 4\), got -1"),
-    (["run", "--pad-rows", "4", "--batch", "4"], r"--pad-rows must be 0 to 3 .* got 4"),
-    (["run", "--slots", "2"], r"--batch 4 with --pad-rows 0 needs 4 distinct slots; --slots 2 has 2"),
-    (["run", "--batch", "10", "--slots", "4"], r"needs 10 distinct slots; --slots 4 has 4: give --slots 10 or more"),
-    (["run", "--slots", "0"], r"--slots must be at least 1, got 0"),
-    (["run", "--layers", "0"], r"--layers must be at least 1, got 0"),
-    (["run", "--steps", "-1"], r"--steps must be at least 1, got -1"),
-    (["run", "--check-every", "-2"], r"--check-every must be 0 \(never\) or more"),
-    (["run", "--nheads", "1000000"], r"this run needs about [\d.]+ GiB .* but cpu has [\d.]+ GiB available"),
-    (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
-    (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
-    (["run", "--state-dtype", "int8"], r"--state-dtype: 'int8' is not a dtype ssu knows"),
-    (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
-    (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
-    (["backends", "--device", "foo"], r"--device 'foo' is not a device"),
-    (["verify", "--backend", "triton"], r"backend 'triton' is unavailable on cpu: on the CPU Triton runs only in its "
-                                        r"interpreter; set TRITON_INTERPRET=1"),
-    (["frobnicate"], r"invalid choice: 'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--pad-rows", "-1"], r"--pad-rows must be 0 to 3 \(at least one real row of --batch 4\), got -1"),
+        (["run", "--pad-rows", "4", "--batch", "4"], r"--pad-rows must be 0 to 3 .* got 4"),
+        (["run", "--slots", "2"], r"--batch 4 with --pad-rows 0 needs 4 distinct slots; --slots 2 has 2"),
+        (
+            ["run", "--batch", "10", "--slots", "4"],
+            r"needs 10 distinct slots; --slots 4 has 4: give --slots 10 or more",
+        ),
+        (["run", "--slots", "0"], r"--slots must be at least 1, got 0"),
+        (["run", "--layers", "0"], r"--layers must be at least 1, got 0"),
+        (["run", "--steps", "-1"], r"--steps must be at least 1, got -1"),
+        (["run", "--check-every", "-2"], r"--check-every must be 0 \(never\) or more"),
+        (["run", "--nheads", "1000000"], r"this run needs about [\d.]+ GiB .* but cpu has [\d.]+ GiB available"),
+        (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
+        (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
+        (["run", "--state-dtype", "int8"], r"--state-dtype: 'int8' is not a dtype ssu knows"),
+        (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
+        (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
+        (["backends", "--device", "foo"], r"--device 'foo' is not a device"),
+        (
+            ["verify", "--backend", "triton"],
+            r"backend 'triton' is unavailable on cpu: on the CPU Triton runs only in its "
+            r"interpreter; set TRITON_INTERPRET=1",
+        ),
+        (["frobnicate"], r"invalid choice: 'frobnicate'"),
+    ],
+)
 def test_usage_errors(args, message):
     import re
 
@@ -63,8 +73,9 @@ def test_new_backend_into_an_unwritable_folder(tmp_path):
 
 
 def test_a_closed_pipe_is_not_an_error():
-    result = subprocess.run(f"{sys.executable} -m ssu backends --json | head -1", shell=True, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        f"{sys.executable} -m ssu backends --json | head -1", shell=True, capture_output=True, text=True, timeout=300
+    )
     assert result.stdout.strip() == "{" and result.stderr == ""
 
 

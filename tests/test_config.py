@@ -21,8 +21,9 @@ def test_defaults():
 
 
 def test_ssu_toml(tmp_path):
-    path = write(tmp_path, '[ssu]\nbackend = ["triton", "reference"]\nvalidate = "full"\n'
-                           '[ssu.backends.triton]\nnum_warps = 8\n')
+    path = write(
+        tmp_path, '[ssu]\nbackend = ["triton", "reference"]\nvalidate = "full"\n[ssu.backends.triton]\nnum_warps = 8\n'
+    )
     config = ssu.load_config(path, env={})
     assert config.backend == ("triton", "reference")
     assert config.candidates == ("triton", "reference")
@@ -54,20 +55,23 @@ def test_precedence(tmp_path):
     assert config.backend == "reference" and config.source == "argument"
 
 
-@pytest.mark.parametrize("text, pattern", [
-    ('[ssu]\nbakend = "triton"\n', r"ssu\.bakend: unknown option \(did you mean 'backend'\?\)"),
-    ('[ssu]\nbackend = 3\n', r"ssu\.backend: expected a string or a list of strings, got 3"),
-    ('[ssu]\nvalidate = "sometimes"\n', r"ssu\.validate: expected true or false or one of 'full', got 'sometimes'"),
-    ('[ssu]\nbackend = []\n', r"names must be non-empty"),
-    ('[ssu]\nbackend = ["auto", "triton"]\n', r"\"auto\" stands alone"),
-    ('[ssu]\nbackend = ["triton", "triton"]\n', r"names a backend twice"),
-    ('[ssu]\nbackends = 3\n', r"expected a table"),
-    ('[ssu.backends]\ntriton = 4\n', r"ssu\.backends\.triton: expected a table of options"),
-    ('[ssu]\nbackend = "triton\n', r"invalid TOML: .*\(at line 2, column 18\)"),
-    ('[sus]\nbackend = "x"\n', r"unknown top-level key 'sus' \(did you mean 'ssu'\?\)"),
-    ('backend = "x"\n', r"unknown top-level key 'backend'"),
-    ('', r"no \[ssu\] table"),
-])
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ('[ssu]\nbakend = "triton"\n', r"ssu\.bakend: unknown option \(did you mean 'backend'\?\)"),
+        ("[ssu]\nbackend = 3\n", r"ssu\.backend: expected a string or a list of strings, got 3"),
+        ('[ssu]\nvalidate = "sometimes"\n', r"ssu\.validate: expected true or false or one of 'full', got 'sometimes'"),
+        ("[ssu]\nbackend = []\n", r"names must be non-empty"),
+        ('[ssu]\nbackend = ["auto", "triton"]\n', r"\"auto\" stands alone"),
+        ('[ssu]\nbackend = ["triton", "triton"]\n', r"names a backend twice"),
+        ("[ssu]\nbackends = 3\n", r"expected a table"),
+        ("[ssu.backends]\ntriton = 4\n", r"ssu\.backends\.triton: expected a table of options"),
+        ('[ssu]\nbackend = "triton\n', r"invalid TOML: .*\(at line 2, column 18\)"),
+        ('[sus]\nbackend = "x"\n', r"unknown top-level key 'sus' \(did you mean 'ssu'\?\)"),
+        ('backend = "x"\n', r"unknown top-level key 'backend'"),
+        ("", r"no \[ssu\] table"),
+    ],
+)
 def test_bad_files(tmp_path, text, pattern):
     path = write(tmp_path, text)
     with pytest.raises(ssu.ConfigError, match=pattern) as info:
@@ -91,16 +95,19 @@ def test_bad_environment_value():
         ssu.load_config(search=False, env={"SSU_BACKEND": "auto,triton"})
 
 
-@pytest.mark.parametrize("fields, pattern", [
-    (dict(nheads=6, ngroups=4), "not a multiple of ngroups"),
-    (dict(nheads=0), "positive integer"),
-    (dict(state_dtype="int8"), "not a dtype ssu knows"),
-    (dict(state_dtype="fp64"), "not a state cache dtype"),
-    (dict(tokens_per_step=4), "needs speculative=True"),
-    (dict(pad_slot_id=0), "reserves the only slot"),
-    (dict(pad_slot_id=1.5), "must be an integer"),
-    (dict(speculative=1), "must be true or false"),
-])
+@pytest.mark.parametrize(
+    "fields, pattern",
+    [
+        (dict(nheads=6, ngroups=4), "not a multiple of ngroups"),
+        (dict(nheads=0), "positive integer"),
+        (dict(state_dtype="int8"), "not a dtype ssu knows"),
+        (dict(state_dtype="fp64"), "not a state cache dtype"),
+        (dict(tokens_per_step=4), "needs speculative=True"),
+        (dict(pad_slot_id=0), "reserves the only slot"),
+        (dict(pad_slot_id=1.5), "must be an integer"),
+        (dict(speculative=1), "must be true or false"),
+    ],
+)
 def test_bad_problems(fields, pattern):
     base = dict(nheads=8, headdim=4, dstate=4, ngroups=2)
     base.update(fields)

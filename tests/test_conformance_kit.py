@@ -40,8 +40,14 @@ def test_unknown_check_name():
 
 
 def _pytest(*args, env=None, cwd):
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                          capture_output=True, text=True, cwd=cwd, env=env or os.environ.copy(), timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env or os.environ.copy(),
+        timeout=900,
+    )
 
 
 def test_pytest_plugin_runs_the_suite_on_reference(tmp_path):

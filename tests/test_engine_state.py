@@ -27,14 +27,35 @@ def fresh_dropin():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]), tokens=st.sampled_from([1, 1, 3]),
-       destinations=st.booleans(), pad_id=st.sampled_from([-1, 0, 99]), layers=st.integers(1, 2),
-       seed=st.integers(0, 2**16))
+@given(
+    state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]),
+    tokens=st.sampled_from([1, 1, 3]),
+    destinations=st.booleans(),
+    pad_id=st.sampled_from([-1, 0, 99]),
+    layers=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+)
 def test_adopted_caches_match_the_reference(state_dtype, tokens, destinations, pad_id, layers, seed):
-    p = small_problem(state_dtype=state_dtype, input_dtype="bf16", num_slots=12, max_batch=4, tokens_per_step=tokens,
-                      speculative=tokens > 1, pad_slot_id=pad_id, engine_state=True)
-    compare_with_reference("reference", p, torch.Generator().manual_seed(seed), steps=3, pad=1, layers=layers,
-                           adopt=True, destinations=destinations and tokens == 1)
+    p = small_problem(
+        state_dtype=state_dtype,
+        input_dtype="bf16",
+        num_slots=12,
+        max_batch=4,
+        tokens_per_step=tokens,
+        speculative=tokens > 1,
+        pad_slot_id=pad_id,
+        engine_state=True,
+    )
+    compare_with_reference(
+        "reference",
+        p,
+        torch.Generator().manual_seed(seed),
+        steps=3,
+        pad=1,
+        layers=layers,
+        adopt=True,
+        destinations=destinations and tokens == 1,
+    )
 
 
 def test_adopt_takes_one_tensor_a_stack_or_a_list(gen):
@@ -47,17 +68,26 @@ def test_adopt_takes_one_tensor_a_stack_or_a_list(gen):
     assert state.num_layers == 2 and state.cache[1].data_ptr() == stack[2].data_ptr()
 
 
-@pytest.mark.parametrize("cache, message", [
-    (lambda: torch.zeros(6, H, P, N + 1), r"cache: expected shape \(6, 4, 8, 16\)"),
-    (lambda: torch.zeros(6, H, P, N, dtype=torch.bfloat16), r"cache: expected dtype fp32, got bf16"),
-    (lambda: torch.zeros(6, H, P, N, device="meta"), r"cache: expected a tensor on cpu"),
-    (lambda: torch.zeros(6, H, N, P).transpose(2, 3), r"cache: each slot's \(heads, headdim, dstate\) block must be "
-                                                      r"contiguous"),
-    (lambda: torch.zeros(1, H, P, N).expand(6, -1, -1, -1), r"cache: a slot stride of 0 values is less than one "
-                                                            r"slot's 512: slots would overlap"),
-    (lambda: [torch.zeros(6, H, P, N), "not a tensor"], r"cache\[1\]: expected a torch.Tensor"),
-    (lambda: [], r"cache: expected the engine's state tensor"),
-])
+@pytest.mark.parametrize(
+    "cache, message",
+    [
+        (lambda: torch.zeros(6, H, P, N + 1), r"cache: expected shape \(6, 4, 8, 16\)"),
+        (lambda: torch.zeros(6, H, P, N, dtype=torch.bfloat16), r"cache: expected dtype fp32, got bf16"),
+        (lambda: torch.zeros(6, H, P, N, device="meta"), r"cache: expected a tensor on cpu"),
+        (
+            lambda: torch.zeros(6, H, N, P).transpose(2, 3),
+            r"cache: each slot's \(heads, headdim, dstate\) block must be "
+            r"contiguous",
+        ),
+        (
+            lambda: torch.zeros(1, H, P, N).expand(6, -1, -1, -1),
+            r"cache: a slot stride of 0 values is less than one "
+            r"slot's 512: slots would overlap",
+        ),
+        (lambda: [torch.zeros(6, H, P, N), "not a tensor"], r"cache\[1\]: expected a torch.Tensor"),
+        (lambda: [], r"cache: expected the engine's state tensor"),
+    ],
+)
 def test_a_bad_cache_is_refused(cache, message):
     kernel = ssu.open(ssu.Config(), small_problem(num_slots=6))
     with pytest.raises(ssu.InputError, match=message):
@@ -72,20 +102,29 @@ def test_a_backend_that_cannot_adopt_is_refused_at_open():
     exec(good_backend("owner"), namespace)  # noqa: S102 - a test backend's source
     registry = Registry(entry_points=[], env={})
     registry.register(type("Plugin", (), {k: staticmethod(v) for k, v in namespace.items() if k.startswith("ssu_")})())
-    with pytest.raises(ssu.BackendUnavailableError, match=r"stepping an engine's own cache in place "
-                                                          r"\(Problem.engine_state\) not supported"):
+    with pytest.raises(
+        ssu.BackendUnavailableError,
+        match=r"stepping an engine's own cache in place "
+        r"\(Problem.engine_state\) not supported",
+    ):
         ssu.open(ssu.Config(backend="owner"), small_problem(engine_state=True), registry=registry)
     kernel = ssu.open(ssu.Config(backend="owner"), small_problem(), registry=registry)
     with pytest.raises(ssu.BackendError, match="cannot step an engine's cache in place"):
         kernel.adopt_state(torch.zeros(10, H, P, N))
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(dst_slots=torch.tensor([5, 6, 7], dtype=torch.int32)), r"dst_slots: expected shape \(2\)"),
-    (dict(dst_slots=torch.tensor([5, 6], dtype=torch.int64)), r"dst_slots: expected dtype int32"),
-    (dict(dt=torch.randn(2, H, P).bfloat16()), r"dt: varies along its last 1 dimension\(s\) \(strides \(1,\), not 0\)"),
-    (dict(A=torch.randn(H, P, N)), r"A: varies along its last 2 dimension"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(dst_slots=torch.tensor([5, 6, 7], dtype=torch.int32)), r"dst_slots: expected shape \(2\)"),
+        (dict(dst_slots=torch.tensor([5, 6], dtype=torch.int64)), r"dst_slots: expected dtype int32"),
+        (
+            dict(dt=torch.randn(2, H, P).bfloat16()),
+            r"dt: varies along its last 1 dimension\(s\) \(strides \(1,\), not 0\)",
+        ),
+        (dict(A=torch.randn(H, P, N)), r"A: varies along its last 2 dimension"),
+    ],
+)
 def test_bad_step_arguments_are_refused_before_anything_is_written(change, message, gen):
     from ssu.harness import logical_states, prepared
     from ssu.inputs import step_inputs
@@ -119,23 +158,41 @@ def mamba2_call(b, gen, *, tied: bool, dtype=torch.float32):
     D, dt_bias = torch.randn(H, generator=gen), torch.rand(H, generator=gen) - 2
     B, C = (torch.randn(b, G, N, generator=gen).to(dtype) for _ in range(2))
     if tied:
-        return dict(x=x, dt=dt.expand(-1, -1, P), A=A[:, None, None].expand(-1, P, N), B=B, C=C,
-                    D=D[:, None].expand(-1, P), dt_bias=dt_bias[:, None].expand(-1, P))
+        return dict(
+            x=x,
+            dt=dt.expand(-1, -1, P),
+            A=A[:, None, None].expand(-1, P, N),
+            B=B,
+            C=C,
+            D=D[:, None].expand(-1, P),
+            dt_bias=dt_bias[:, None].expand(-1, P),
+        )
     return dict(x=x, dt=dt[..., 0], A=A, B=B, C=C, D=D, dt_bias=dt_bias)
 
 
 def expected(state, call, slots, z=None):
     """The oracle for one drop-in call: per row, (new state, output)."""
-    per_head = dict(dt=call["dt"][..., 0] if call["dt"].dim() == 3 else call["dt"],
-                    A=call["A"][:, 0, 0] if call["A"].dim() == 3 else call["A"],
-                    D=call["D"][:, 0] if call["D"].dim() == 2 else call["D"],
-                    dt_bias=call["dt_bias"][:, 0] if call["dt_bias"].dim() == 2 else call["dt_bias"])
-    start = torch.stack([state[s].float() if s >= 0 else torch.zeros_like(state[0], dtype=torch.float32)
-                         for s in slots])
-    states, outs = oracle.ssu_math64(start, call["x"][:, None], per_head["dt"][:, None], per_head["A"],
-                                     call["B"][:, None], call["C"][:, None], D=per_head["D"],
-                                     dt_bias=per_head["dt_bias"], dt_softplus=True,
-                                     z=None if z is None else z[:, None])
+    per_head = dict(
+        dt=call["dt"][..., 0] if call["dt"].dim() == 3 else call["dt"],
+        A=call["A"][:, 0, 0] if call["A"].dim() == 3 else call["A"],
+        D=call["D"][:, 0] if call["D"].dim() == 2 else call["D"],
+        dt_bias=call["dt_bias"][:, 0] if call["dt_bias"].dim() == 2 else call["dt_bias"],
+    )
+    start = torch.stack(
+        [state[s].float() if s >= 0 else torch.zeros_like(state[0], dtype=torch.float32) for s in slots]
+    )
+    states, outs = oracle.ssu_math64(
+        start,
+        call["x"][:, None],
+        per_head["dt"][:, None],
+        per_head["A"],
+        call["B"][:, None],
+        call["C"][:, None],
+        D=per_head["D"],
+        dt_bias=per_head["dt_bias"],
+        dt_softplus=True,
+        z=None if z is None else z[:, None],
+    )
     return states[:, 0], outs[:, 0]
 
 
@@ -164,8 +221,15 @@ def test_dropin_indices_destinations_and_pad_ids(pad, gen):
     read = torch.tensor([first + 2, pad, first + 4, first + 5], dtype=torch.int32)
     write = torch.tensor([first + 6, first + 3, pad, first + 5], dtype=torch.int32)
     out = torch.empty_like(call["x"])
-    got = ssu.selective_state_update(cache, **call, dt_softplus=True, state_batch_indices=read,
-                                     dst_state_batch_indices=write, pad_slot_id=pad, out=out)
+    got = ssu.selective_state_update(
+        cache,
+        **call,
+        dt_softplus=True,
+        state_batch_indices=read,
+        dst_state_batch_indices=write,
+        pad_slot_id=pad,
+        out=out,
+    )
     assert got is out
     states, outs = expected(before, call, [int(s) if s != pad else -1 for s in read])
     assert oracle.rel_error(out, outs) < 1e-5
@@ -195,8 +259,9 @@ def test_dropin_refuses_what_it_cannot_serve(gen):
         ssu.selective_state_update(cache, **untied)
     assert torch.equal(cache, before)
     with pytest.raises(ssu.InputError, match=r"x: expected a tensor \(batch, H, P\) .* Mamba-1"):
-        ssu.selective_state_update(torch.randn(4, H, P, N), **dict(mamba2_call(2, gen, tied=True),
-                                                                  x=torch.randn(2, H * P)))
+        ssu.selective_state_update(
+            torch.randn(4, H, P, N), **dict(mamba2_call(2, gen, tied=True), x=torch.randn(2, H * P))
+        )
 
 
 def test_dropin_forgets_a_cache_the_engine_dropped(gen):

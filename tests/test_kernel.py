@@ -76,7 +76,7 @@ def test_scratch_hook_result_is_kept():
     class WithScratch(_Misbehaving):
         @ssu.hookimpl
         def ssu_backend(self):
-            return ssu.BackendSpec(name="scratchy", api_version="1.0", factory=lambda ctx: (lambda *a, **k: None))
+            return ssu.BackendSpec(name="scratchy", api_version="1.0", factory=lambda ctx: lambda *a, **k: None)
 
         @ssu.hookimpl
         def ssu_allocate_scratch(self, ctx):

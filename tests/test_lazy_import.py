@@ -6,8 +6,16 @@ import subprocess
 import sys
 import textwrap
 
-HEAVY = ["torch", "triton", "flashinfer", "cupy", "ssu_backend_triton", "ssu_backend_flashinfer",
-         "ssu_backend_flashinfer_replayssm", "ssu.reference"]
+HEAVY = [
+    "torch",
+    "triton",
+    "flashinfer",
+    "cupy",
+    "ssu_backend_triton",
+    "ssu_backend_flashinfer",
+    "ssu_backend_flashinfer_replayssm",
+    "ssu.reference",
+]
 
 
 def run(code: str) -> str:

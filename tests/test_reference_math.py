@@ -48,8 +48,16 @@ def scalar_math(state, x, dt, A, B, C, D, z, dt_bias, softplus):
 
 
 @settings(max_examples=25, deadline=None)
-@given(H=st.sampled_from([2, 4, 6]), G=st.sampled_from([1, 2]), P=st.integers(1, 3), N=st.integers(1, 4),
-       T=st.integers(1, 3), options=st.booleans(), softplus=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    H=st.sampled_from([2, 4, 6]),
+    G=st.sampled_from([1, 2]),
+    P=st.integers(1, 3),
+    N=st.integers(1, 4),
+    T=st.integers(1, 3),
+    options=st.booleans(),
+    softplus=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_oracle_matches_the_written_math(H, G, P, N, T, options, softplus, seed):
     g = torch.Generator().manual_seed(seed)
     f = torch.float64
@@ -65,9 +73,18 @@ def test_oracle_matches_the_written_math(H, G, P, N, T, options, softplus, seed)
     if not softplus:
         dt = dt.abs()
     states, outs = oracle.ssu_math64(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=softplus)
-    s_ref, out_ref = scalar_math(state[0].tolist(), x[0].tolist(), dt[0].tolist(), A.tolist(), B[0].tolist(),
-                                 C[0].tolist(), None if D is None else D.tolist(), None if z is None else z[0].tolist(),
-                                 None if dt_bias is None else dt_bias.tolist(), softplus)
+    s_ref, out_ref = scalar_math(
+        state[0].tolist(),
+        x[0].tolist(),
+        dt[0].tolist(),
+        A.tolist(),
+        B[0].tolist(),
+        C[0].tolist(),
+        None if D is None else D.tolist(),
+        None if z is None else z[0].tolist(),
+        None if dt_bias is None else dt_bias.tolist(),
+        softplus,
+    )
     assert torch.allclose(states[0, -1], torch.tensor(s_ref, dtype=f), rtol=1e-12, atol=1e-12)
     assert torch.allclose(outs[0], torch.tensor(out_ref, dtype=f), rtol=1e-12, atol=1e-12)
 
@@ -81,16 +98,37 @@ def test_softplus_threshold():
 
 problems = st.builds(
     lambda H, G, P, N, state, inp, T, slots: small_problem(
-        nheads=H, ngroups=G, headdim=P, dstate=N, state_dtype=state, input_dtype=inp, num_slots=slots,
-        max_batch=min(slots, 5), tokens_per_step=T, speculative=T > 1),
-    H=st.sampled_from([2, 4, 8]), G=st.sampled_from([1, 2]), P=st.sampled_from([1, 5, 8]),
-    N=st.sampled_from([1, 3, 16]), state=st.sampled_from(["fp32", "bf16", "fp16"]),
-    inp=st.sampled_from(["fp32", "bf16", "fp16"]), T=st.integers(1, 4), slots=st.integers(2, 9))
+        nheads=H,
+        ngroups=G,
+        headdim=P,
+        dstate=N,
+        state_dtype=state,
+        input_dtype=inp,
+        num_slots=slots,
+        max_batch=min(slots, 5),
+        tokens_per_step=T,
+        speculative=T > 1,
+    ),
+    H=st.sampled_from([2, 4, 8]),
+    G=st.sampled_from([1, 2]),
+    P=st.sampled_from([1, 5, 8]),
+    N=st.sampled_from([1, 3, 16]),
+    state=st.sampled_from(["fp32", "bf16", "fp16"]),
+    inp=st.sampled_from(["fp32", "bf16", "fp16"]),
+    T=st.integers(1, 4),
+    slots=st.integers(2, 9),
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=problems, pad=st.integers(0, 2), options=st.booleans(), int64=st.booleans(),
-       seed=st.integers(0, 2**16), data=st.data())
+@given(
+    problem=problems,
+    pad=st.integers(0, 2),
+    options=st.booleans(),
+    int64=st.booleans(),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
 def test_reference_backend_matches_oracle(problem, pad, options, int64, seed, data):
     p = problem
     g = torch.Generator().manual_seed(seed)
@@ -104,8 +142,15 @@ def test_reference_backend_matches_oracle(problem, pad, options, int64, seed, da
     pad = min(pad, b - 1)
     slots = pick_slots(p, b, g, pad_rows=pad, index_dtype=torch.int64 if int64 else torch.int32)
     T = data.draw(st.integers(1, p.tokens_per_step))
-    inputs = step_inputs(p, slots, g, tokens=T, weights=layer_weights(p, g, with_D=options, with_dt_bias=options),
-                         with_z=options, dt_softplus=options)
+    inputs = step_inputs(
+        p,
+        slots,
+        g,
+        tokens=T,
+        weights=layer_weights(p, g, with_D=options, with_dt_bias=options),
+        with_z=options,
+        dt_softplus=options,
+    )
     real = slots[: b - pad].long()
     start = torch.zeros(b, p.nheads, p.headdim, p.dstate)
     start[: b - pad] = before[1][real]
@@ -156,7 +201,16 @@ def test_pad_rows_output_uses_zero_state(gen):
     slots = torch.tensor([-1, 2], dtype=torch.int32)
     inputs = step_inputs(p, slots, gen)
     out = kernel.step(state, **inputs.kwargs())
-    _, outs = oracle.ssu_math64(torch.zeros(1, p.nheads, p.headdim, p.dstate), inputs.x[:1, None], inputs.dt[:1, None],
-                                inputs.A, inputs.B[:1, None], inputs.C[:1, None], D=inputs.D, z=inputs.z[:1, None],
-                                dt_bias=inputs.dt_bias, dt_softplus=True)
+    _, outs = oracle.ssu_math64(
+        torch.zeros(1, p.nheads, p.headdim, p.dstate),
+        inputs.x[:1, None],
+        inputs.dt[:1, None],
+        inputs.A,
+        inputs.B[:1, None],
+        inputs.C[:1, None],
+        D=inputs.D,
+        z=inputs.z[:1, None],
+        dt_bias=inputs.dt_bias,
+        dt_softplus=True,
+    )
     assert oracle.rel_error(out[:1], outs[:, 0]) < 1e-5

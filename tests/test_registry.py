@@ -30,8 +30,9 @@ def test_discovery_imports_nothing(fake_site):
 
 def test_available_and_unavailable(fake_site):
     fake_site.add("ssu-backend-good", {"good": "good_mod"}, modules={"good_mod": good_backend("good")})
-    fake_site.add("ssu-backend-nogpu", {"nogpu": "nogpu_mod"},
-                  modules={"nogpu_mod": good_backend("nogpu", available=False)})
+    fake_site.add(
+        "ssu-backend-nogpu", {"nogpu": "nogpu_mod"}, modules={"nogpu_mod": good_backend("nogpu", available=False)}
+    )
     registry = fake_site.registry()
     assert status(registry, "good").status == "available"
     info = status(registry, "nogpu")
@@ -41,8 +42,9 @@ def test_available_and_unavailable(fake_site):
 
 
 def test_broken_keeps_the_import_error(fake_site):
-    fake_site.add("ssu-backend-broken", {"broken": "broken_mod"},
-                  modules={"broken_mod": "import does_not_exist_anywhere\n"})
+    fake_site.add(
+        "ssu-backend-broken", {"broken": "broken_mod"}, modules={"broken_mod": "import does_not_exist_anywhere\n"}
+    )
     registry = fake_site.registry()
     info = status(registry, "broken")
     assert info.status == "broken"
@@ -82,8 +84,9 @@ def test_reference_name_is_reserved(fake_site):
 
 @pytest.mark.parametrize("api, why", [("2.0", "major differs"), ("1.99", "newer than"), ("one", "not MAJOR.MINOR")])
 def test_incompatible_plugin_api(fake_site, api, why):
-    fake_site.add("ssu-backend-future", {"future": "future_mod"},
-                  modules={"future_mod": good_backend("future", api=api)})
+    fake_site.add(
+        "ssu-backend-future", {"future": "future_mod"}, modules={"future_mod": good_backend("future", api=api)}
+    )
     registry = fake_site.registry()
     info = status(registry, "future")
     assert info.status == "incompatible"
@@ -97,8 +100,10 @@ def test_older_minor_api_is_compatible(fake_site):
     assert status(fake_site.registry(), "old").status == "available"
 
 
-@pytest.mark.parametrize("env, word", [({"SSU_DISABLE_PLUGINS": "off"}, "SSU_DISABLE_PLUGINS"),
-                                       ({"SSU_PLUGINS": "reference"}, "SSU_PLUGINS")])
+@pytest.mark.parametrize(
+    "env, word",
+    [({"SSU_DISABLE_PLUGINS": "off"}, "SSU_DISABLE_PLUGINS"), ({"SSU_PLUGINS": "reference"}, "SSU_PLUGINS")],
+)
 def test_disabled_before_import(fake_site, env, word):
     fake_site.add("ssu-backend-off", {"off": "off_mod"}, modules={"off_mod": "raise RuntimeError('imported!')"})
     registry = fake_site.registry(env=env)
@@ -125,7 +130,9 @@ def test_wrong_hook_argument_fails_loudly(fake_site):
 
 
 def test_missing_required_hook(fake_site):
-    source = good_backend("partial").replace("ssu_commit, ssu_read_state, ssu_write_state", "ssu_commit, ssu_write_state")
+    source = good_backend("partial").replace(
+        "ssu_commit, ssu_read_state, ssu_write_state", "ssu_commit, ssu_write_state"
+    )
     fake_site.add("ssu-backend-partial", {"partial": "partial_mod"}, modules={"partial_mod": source})
     info = status(fake_site.registry(), "partial")
     assert info.status == "broken" and "ssu_read_state" in info.reason

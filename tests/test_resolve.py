@@ -9,7 +9,9 @@ from ssu.resolve import explain
 
 from fakes import good_backend, small_problem
 
-OPTIONS_BACKEND = good_backend("tuned") + '''
+OPTIONS_BACKEND = (
+    good_backend("tuned")
+    + """
 import attrs
 from ssu.options import choice
 
@@ -27,15 +29,21 @@ def ssu_supports(problem, options):
     if options.algorithm == "vertical" and problem.state_dtype != "fp32":
         return ssu.Verdict.reject("algorithm 'vertical' needs an fp32 state")
     return ssu.ACCEPT
-'''
+"""
+)
 
 
 @pytest.fixture
 def site(fake_site):
     fake_site.add("ssu-backend-good", {"good": "r_good"}, modules={"r_good": good_backend("good", priority=5)})
-    fake_site.add("ssu-backend-better", {"better": "r_better"}, modules={"r_better": good_backend("better", priority=9)})
-    fake_site.add("ssu-backend-nogpu", {"nogpu": "r_nogpu"},
-                  modules={"r_nogpu": good_backend("nogpu", priority=20, available=False)})
+    fake_site.add(
+        "ssu-backend-better", {"better": "r_better"}, modules={"r_better": good_backend("better", priority=9)}
+    )
+    fake_site.add(
+        "ssu-backend-nogpu",
+        {"nogpu": "r_nogpu"},
+        modules={"r_nogpu": good_backend("nogpu", priority=20, available=False)},
+    )
     fake_site.add("ssu-backend-broken", {"broken": "r_broken"}, modules={"r_broken": "import no_such_module_xyz\n"})
     fake_site.add("ssu-backend-tuned", {"tuned": "r_tuned"}, modules={"r_tuned": OPTIONS_BACKEND})
     return fake_site
@@ -60,7 +68,9 @@ def test_unknown_name_suggests_and_lists(site):
 
 
 def test_first_party_not_installed_gives_pip_command(site):
-    with pytest.raises(ssu.BackendNotInstalledError, match="pip install ssu-backend-flashinfer-replayssm"):
+    with pytest.raises(
+        ssu.BackendNotInstalledError, match=r"pip install --find-links <wheel folder> ssu-backend-flashinfer-replayssm"
+    ):
         open_with(site.registry(), "flashinfer-replayssm")
 
 
@@ -93,7 +103,7 @@ def test_fallback_list_tries_in_order_and_explains(site):
     assert kernel.backend == "good"
     text = kernel.explain()
     assert "x nogpu: rejected: " in text and "no frobnicator" in text
-    assert "pip install ssu-backend-flashinfer" in text and "no_such_module_xyz" in text
+    assert "pip install --find-links <wheel folder> ssu-backend-flashinfer" in text and "no_such_module_xyz" in text
     assert ". better: not tried" in text
 
 
@@ -122,7 +132,9 @@ def test_options_validated_by_backend_class(site):
     registry = site.registry()
     kernel = open_with(registry, "tuned", backends={"tuned": {"algorithm": "simple", "num_warps": 8}})
     assert kernel.options.algorithm == "simple" and kernel.options.num_warps == 8
-    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.tuned\.num_wraps: unknown option \(did you mean 'num_warps'\?\)"):
+    with pytest.raises(
+        ssu.ConfigError, match=r"ssu\.backends\.tuned\.num_wraps: unknown option \(did you mean 'num_warps'\?\)"
+    ):
         open_with(registry, "tuned", backends={"tuned": {"num_wraps": 8}})
     with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.tuned\.num_warps: expected an integer, got 'eight'"):
         open_with(registry, "tuned", backends={"tuned": {"num_warps": "eight"}})
@@ -132,8 +144,9 @@ def test_options_validated_by_backend_class(site):
 
 def test_support_hook_rejects_with_reason(site):
     with pytest.raises(ssu.BackendUnavailableError, match="algorithm 'vertical' needs an fp32 state"):
-        open_with(site.registry(), "tuned", small_problem(state_dtype="bf16"),
-                  backends={"tuned": {"algorithm": "vertical"}})
+        open_with(
+            site.registry(), "tuned", small_problem(state_dtype="bf16"), backends={"tuned": {"algorithm": "vertical"}}
+        )
 
 
 def test_options_for_backend_without_options_class(site):
@@ -142,7 +155,9 @@ def test_options_for_backend_without_options_class(site):
 
 
 def test_options_table_for_unknown_backend(site):
-    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.tunde: no backend named 'tunde' \(did you mean 'tuned'\?\)"):
+    with pytest.raises(
+        ssu.ConfigError, match=r"ssu\.backends\.tunde: no backend named 'tunde' \(did you mean 'tuned'\?\)"
+    ):
         open_with(site.registry(), "good", backends={"tunde": {}})
 
 

@@ -15,8 +15,16 @@ from ssu.cli.main import main
 from ssu.scaffold import write_backend
 
 
-@pytest.mark.parametrize("name, pattern", [("Bad_Name", "not valid"), ("9lives", "not valid"), ("a--b", "not valid"),
-                                           ("flashinfer", "first-party"), ("reference", "first-party")])
+@pytest.mark.parametrize(
+    "name, pattern",
+    [
+        ("Bad_Name", "not valid"),
+        ("9lives", "not valid"),
+        ("a--b", "not valid"),
+        ("flashinfer", "first-party"),
+        ("reference", "first-party"),
+    ],
+)
 def test_names_are_checked(tmp_path, name, pattern):
     with pytest.raises(ssu.ConfigError, match=pattern):
         write_backend(name, tmp_path)
@@ -32,8 +40,12 @@ def test_existing_folder_is_not_overwritten(tmp_path, capsys):
 def test_generated_files(tmp_path):
     root = write_backend("my-kernel", tmp_path)
     assert (root / "pyproject.toml").read_text().count('my-kernel = "ssu_backend_my_kernel.plugin"') == 1
-    for relative in ("README.md", "ssu_backend_my_kernel/plugin.py", "ssu_backend_my_kernel/options.py",
-                     "tests/test_conformance.py"):
+    for relative in (
+        "README.md",
+        "ssu_backend_my_kernel/plugin.py",
+        "ssu_backend_my_kernel/options.py",
+        "tests/test_conformance.py",
+    ):
         assert (root / relative).is_file()
     compile((root / "ssu_backend_my_kernel/plugin.py").read_text(), "plugin.py", "exec")
 
@@ -53,15 +65,50 @@ def test_generated_backend_installs_and_passes_the_suite(tmp_path):
         listed = _run([sys.executable, "-m", "ssu.cli.main", "backends", "--json"], env=env)
         assert '"name": "sample-thirdparty"' in listed.stdout and '"status": "available"' in listed.stdout
         (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = "sample-thirdparty"\n')
-        chosen = _run([sys.executable, "-m", "ssu.cli.main", "run", "--config", str(tmp_path / "ssu.toml"),
-                       "--nheads", "4", "--headdim", "8", "--dstate", "16", "--ngroups", "2", "--layers", "2",
-                       "--steps", "2"], env=env, cwd=tmp_path)
+        chosen = _run(
+            [
+                sys.executable,
+                "-m",
+                "ssu.cli.main",
+                "run",
+                "--config",
+                str(tmp_path / "ssu.toml"),
+                "--nheads",
+                "4",
+                "--headdim",
+                "8",
+                "--dstate",
+                "16",
+                "--ngroups",
+                "2",
+                "--layers",
+                "2",
+                "--steps",
+                "2",
+            ],
+            env=env,
+            cwd=tmp_path,
+        )
         assert chosen.returncode == 0, chosen.stderr
         assert "backend         sample-thirdparty" in chosen.stdout
         own_tests = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=root, env=env)
         assert own_tests.returncode == 0, own_tests.stdout + own_tests.stderr
-        suite = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--ssu-backend",
-                      "sample-thirdparty", "--ssu-examples", "5"], cwd=tmp_path, env=env)
+        suite = _run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--ssu-backend",
+                "sample-thirdparty",
+                "--ssu-examples",
+                "5",
+            ],
+            cwd=tmp_path,
+            env=env,
+        )
         assert suite.returncode == 0, suite.stdout + suite.stderr
     finally:
         _run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "ssu-backend-sample-thirdparty"])

@@ -27,8 +27,11 @@ def test_an_id_outside_the_cache_touches_nothing_and_is_reported(bad, gen):
     state, before = prepared(kernel, gen)
     slots = torch.tensor([3, bad, 5], dtype=torch.int32)
     kernel.step(state, **step_inputs(p, slots, gen).kwargs())
-    with pytest.raises(ssu.InputError, match=rf"slots\[1\] = {bad}: neither a slot of this cache \(0..11\) nor the "
-                                             r"pad id -1; that row was served as a pad row"):
+    with pytest.raises(
+        ssu.InputError,
+        match=rf"slots\[1\] = {bad}: neither a slot of this cache \(0..11\) nor the "
+        r"pad id -1; that row was served as a pad row",
+    ):
         kernel.check()
     kernel.check()  # the record was cleared
     assert changed_slots(kernel, state, before) == [3, 5]
@@ -47,8 +50,10 @@ def test_full_validation_refuses_before_anything_is_written(gen):
     p = small_problem()
     kernel = ssu.open(ssu.Config(validate="full"), p)
     state, before = prepared(kernel, gen)
-    for slots, message in (([1, -2], r"slots\[1\] = -2: not a slot of this cache"),
-                           ([4, 4], r"slot\(s\) \[4\] appear more than once")):
+    for slots, message in (
+        ([1, -2], r"slots\[1\] = -2: not a slot of this cache"),
+        ([4, 4], r"slot\(s\) \[4\] appear more than once"),
+    ):
         with pytest.raises(ssu.InputError, match=message):
             kernel.step(state, **step_inputs(p, torch.tensor(slots, dtype=torch.int32), gen).kwargs())
     assert changed_slots(kernel, state, before) == []
@@ -71,8 +76,11 @@ def test_a_commit_with_a_layer_not_stepped_is_refused(validate, gen):
     slots = pick_slots(p, 2, gen)
     for layer in (0, 2):
         kernel.step(state, layer=layer, **step_inputs(p, slots, gen).kwargs())
-    with pytest.raises(ssu.InputError, match=r"commit: layer\(s\) \[1\] of this state were not stepped since the "
-                                             r"last commit \(stepped: \[0, 2\]\).*Nothing was committed"):
+    with pytest.raises(
+        ssu.InputError,
+        match=r"commit: layer\(s\) \[1\] of this state were not stepped since the "
+        r"last commit \(stepped: \[0, 2\]\).*Nothing was committed",
+    ):
         kernel.commit(state, slots, torch.ones(2, dtype=torch.int32))
     for layer in range(3):
         assert changed_slots(kernel, state, before, layer) == []

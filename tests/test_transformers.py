@@ -85,13 +85,20 @@ def test_left_padding_a_changing_batch_and_beams():
     ids = prompt(batch=3)
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding
-    runs = dict(padded=dict(input_ids=ids, attention_mask=mask), small=dict(input_ids=ids[:1]),
-                beams=dict(input_ids=ids[:2], num_beams=2))
-    own = {k: hf_models.generate(model, v.pop("input_ids"), 4, **v) for k, v in
-           {k: dict(v) for k, v in runs.items()}.items()}
+    runs = dict(
+        padded=dict(input_ids=ids, attention_mask=mask),
+        small=dict(input_ids=ids[:1]),
+        beams=dict(input_ids=ids[:2], num_beams=2),
+    )
+    own = {
+        k: hf_models.generate(model, v.pop("input_ids"), 4, **v)
+        for k, v in {k: dict(v) for k, v in runs.items()}.items()
+    }
     with integration.patch(model, backend="reference"):
-        through = {k: hf_models.generate(model, v.pop("input_ids"), 4, **v) for k, v in
-                   {k: dict(v) for k, v in runs.items()}.items()}
+        through = {
+            k: hf_models.generate(model, v.pop("input_ids"), 4, **v)
+            for k, v in {k: dict(v) for k, v in runs.items()}.items()
+        }
     for name in runs:
         assert torch.equal(own[name].sequences, through[name].sequences), name
 
@@ -127,15 +134,19 @@ def test_only_the_patched_model_is_routed_and_undo_restores(monkeypatch):
 def test_refusals_leave_the_model_unpatched():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    mamba1 = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "mamba", hidden_size=16, state_size=4, num_hidden_layers=1, vocab_size=32))
+    mamba1 = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("mamba", hidden_size=16, state_size=4, num_hidden_layers=1, vocab_size=32)
+    )
     with pytest.raises(integration.UnsupportedModelError, match="Mamba-1 mixers .* not serve"):
         integration.patch(mamba1)
     model = hf_models.random_model("nemotron_h", "tiny", 1)
     module = sys.modules[type(integration.find_mixers(model)[0][1]).__module__]
     original = getattr(module, integration.FUNCTION)
-    with pytest.raises(ssu.ConfigError, match=r"mixer .* cannot be served: backend 'flashinfer' is installed but "
-                                              r"unavailable on cpu"):
+    with pytest.raises(
+        ssu.ConfigError,
+        match=r"mixer .* cannot be served: backend 'flashinfer' is installed but "
+        r"unavailable on cpu",
+    ):
         integration.patch(model, backend="flashinfer")
     assert getattr(module, integration.FUNCTION) is original and integration.patched(model) is None
     assert not any(m._forward_pre_hooks for _, m in integration.find_mixers(model))

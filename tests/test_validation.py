@@ -24,22 +24,28 @@ def setup(gen):
     return kernel, state, step_inputs(p, slots, gen).kwargs(), kernel.read_state(state, every).clone()
 
 
-@pytest.mark.parametrize("change, pattern", [
-    (lambda k: dict(k, x=k["x"].float()), r"x: expected dtype bf16, got fp32"),
-    (lambda k: dict(k, x=k["x"][:, :2]), r"x: expected shape \(3, 4, 8\) \(batch, heads, headdim\), got \(3, 2, 8\)"),
-    (lambda k: dict(k, dt=k["dt"][:2]), r"dt: expected shape \(3, 4\), got \(2, 4\)"),
-    (lambda k: dict(k, A=k["A"].double()), r"A: expected dtype fp32, got fp64"),
-    (lambda k: dict(k, B=k["B"][..., :5]), r"B: expected shape \(3, 2, 16\), got \(3, 2, 5\)"),
-    (lambda k: dict(k, C=k["C"].half()), r"C: expected dtype bf16, got fp16"),
-    (lambda k: dict(k, slots=k["slots"].float()), r"slots: expected dtype int32 or int64, got fp32"),
-    (lambda k: dict(k, slots=k["slots"].tolist()), r"slots: expected an int32 or int64 torch.Tensor, got list"),
-    (lambda k: dict(k, D=torch.ones(5)), r"D: expected shape \(4\), got \(5,\)"),
-    (lambda k: dict(k, z=k["z"][:1]), r"z: expected shape \(3, 4, 8\), got \(1, 4, 8\)"),
-    (lambda k: dict(k, dt_softplus=1), r"dt_softplus: expected True or False"),
-    (lambda k: dict(k, out=torch.empty(3, 4, 8)), r"out: expected dtype bf16, got fp32"),
-    (lambda k: dict(k, out=torch.empty(1, 1, 1, dtype=torch.bfloat16).expand(3, 4, 8)), r"out: has a zero stride"),
-    (lambda k: dict(k, x=k["x"].numpy() if False else "x"), r"x: expected a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        (lambda k: dict(k, x=k["x"].float()), r"x: expected dtype bf16, got fp32"),
+        (
+            lambda k: dict(k, x=k["x"][:, :2]),
+            r"x: expected shape \(3, 4, 8\) \(batch, heads, headdim\), got \(3, 2, 8\)",
+        ),
+        (lambda k: dict(k, dt=k["dt"][:2]), r"dt: expected shape \(3, 4\), got \(2, 4\)"),
+        (lambda k: dict(k, A=k["A"].double()), r"A: expected dtype fp32, got fp64"),
+        (lambda k: dict(k, B=k["B"][..., :5]), r"B: expected shape \(3, 2, 16\), got \(3, 2, 5\)"),
+        (lambda k: dict(k, C=k["C"].half()), r"C: expected dtype bf16, got fp16"),
+        (lambda k: dict(k, slots=k["slots"].float()), r"slots: expected dtype int32 or int64, got fp32"),
+        (lambda k: dict(k, slots=k["slots"].tolist()), r"slots: expected an int32 or int64 torch.Tensor, got list"),
+        (lambda k: dict(k, D=torch.ones(5)), r"D: expected shape \(4\), got \(5,\)"),
+        (lambda k: dict(k, z=k["z"][:1]), r"z: expected shape \(3, 4, 8\), got \(1, 4, 8\)"),
+        (lambda k: dict(k, dt_softplus=1), r"dt_softplus: expected True or False"),
+        (lambda k: dict(k, out=torch.empty(3, 4, 8)), r"out: expected dtype bf16, got fp32"),
+        (lambda k: dict(k, out=torch.empty(1, 1, 1, dtype=torch.bfloat16).expand(3, 4, 8)), r"out: has a zero stride"),
+        (lambda k: dict(k, x=k["x"].numpy() if False else "x"), r"x: expected a torch.Tensor"),
+    ],
+)
 def test_bad_step_inputs(setup, change, pattern):
     kernel, state, good, before = setup
     with pytest.raises(ssu.InputError, match=pattern):

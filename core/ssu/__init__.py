@@ -15,14 +15,34 @@ from __future__ import annotations
 
 from .config import Config, load_config
 from .dropin import selective_state_update
-from .errors import (BackendBrokenError, BackendDisabledError, BackendError, BackendIncompatibleError,
-                     BackendNotInstalledError, BackendUnavailableError, ConfigError, InputError, SSUError,
-                     SSUWarning, UnknownBackendError)
+from .errors import (
+    BackendBrokenError,
+    BackendDisabledError,
+    BackendError,
+    BackendIncompatibleError,
+    BackendNotInstalledError,
+    BackendUnavailableError,
+    ConfigError,
+    InputError,
+    SSUError,
+    SSUWarning,
+    UnknownBackendError,
+)
 from .hookspecs import hookimpl
 from .kernel import Kernel, open_kernel
 from .problem import Problem
-from .records import (ACCEPT, AVAILABLE, PLUGIN_API_VERSION, Availability, BackendInfo, BackendSpec,
-                      Capabilities, Context, State, Verdict)
+from .records import (
+    ACCEPT,
+    AVAILABLE,
+    PLUGIN_API_VERSION,
+    Availability,
+    BackendInfo,
+    BackendSpec,
+    Capabilities,
+    Context,
+    State,
+    Verdict,
+)
 from .registry import default_registry, list_backends
 
 open = open_kernel  # noqa: A001 - ``ssu.open(config, problem)`` is the public spelling
@@ -30,11 +50,37 @@ open = open_kernel  # noqa: A001 - ``ssu.open(config, problem)`` is the public s
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACCEPT", "AVAILABLE", "Availability", "BackendBrokenError", "BackendDisabledError", "BackendError",
-    "BackendIncompatibleError", "BackendInfo", "BackendNotInstalledError", "BackendSpec",
-    "BackendUnavailableError", "Capabilities", "Config", "ConfigError", "Context", "InputError", "Kernel",
-    "PLUGIN_API_VERSION", "Problem", "SSUError", "SSUWarning", "State", "UnknownBackendError", "Verdict",
-    "default_registry", "explain", "hookimpl", "list_backends", "load_config", "open", "register_backend",
+    "ACCEPT",
+    "AVAILABLE",
+    "Availability",
+    "BackendBrokenError",
+    "BackendDisabledError",
+    "BackendError",
+    "BackendIncompatibleError",
+    "BackendInfo",
+    "BackendNotInstalledError",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "Capabilities",
+    "Config",
+    "ConfigError",
+    "Context",
+    "InputError",
+    "Kernel",
+    "PLUGIN_API_VERSION",
+    "Problem",
+    "SSUError",
+    "SSUWarning",
+    "State",
+    "UnknownBackendError",
+    "Verdict",
+    "default_registry",
+    "explain",
+    "hookimpl",
+    "list_backends",
+    "load_config",
+    "open",
+    "register_backend",
     "selective_state_update",
 ]
 

@@ -35,12 +35,12 @@ def _backend(value: Any) -> Union[str, tuple]:
     elif isinstance(value, (list, tuple)):
         names = list(value)
     else:
-        raise ConfigError(f"backend: expected a name, a list of names or \"auto\", got {value!r}")
+        raise ConfigError(f'backend: expected a name, a list of names or "auto", got {value!r}')
     if not names or any(not isinstance(n, str) or not n.strip() for n in names):
         raise ConfigError(f"backend: names must be non-empty strings, got {value!r}")
     names = [n.strip() for n in names]
     if AUTO in names and len(names) > 1:
-        raise ConfigError("backend: \"auto\" stands alone; it already tries every backend in priority order")
+        raise ConfigError('backend: "auto" stands alone; it already tries every backend in priority order')
     if len(set(names)) != len(names):
         raise ConfigError(f"backend: {names} names a backend twice")
     return names[0] if len(names) == 1 else tuple(names)
@@ -49,8 +49,10 @@ def _backend(value: Any) -> Union[str, tuple]:
 def _validate(value: Any) -> Union[bool, str]:
     if value in (True, False, "full"):
         return value
-    raise ConfigError(f"validate={value!r} is not valid; use true (checked, cached per input signature), "
-                      "false (no checks) or \"full\" (also checks slot values; synchronises the host)")
+    raise ConfigError(
+        f"validate={value!r} is not valid; use true (checked, cached per input signature), "
+        'false (no checks) or "full" (also checks slot values; synchronises the host)'
+    )
 
 
 def _backend_tables(value: Any) -> dict:
@@ -96,7 +98,9 @@ def _read_toml(path: Path) -> dict:
     try:
         text = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path} (give an existing path, or omit it to use the defaults)") from None
+        raise ConfigError(
+            f"config file not found: {path} (give an existing path, or omit it to use the defaults)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     try:
@@ -112,7 +116,7 @@ def _table(path: Path, data: dict) -> tuple[dict, str]:
     if path.name == "pyproject.toml":
         table = data.get("tool", {}).get("ssu")
         if table is None:
-            raise ConfigError(f"{path}: no [tool.ssu] table; add one, e.g. [tool.ssu] backend = \"reference\"")
+            raise ConfigError(f'{path}: no [tool.ssu] table; add one, e.g. [tool.ssu] backend = "reference"')
         return table, "tool.ssu"
     extra = [k for k in data if k != "ssu"]
     if extra:
@@ -142,8 +146,13 @@ def find_config_file(directory: Optional[Path] = None) -> Optional[Path]:
     return None
 
 
-def load_config(path: Union[str, os.PathLike, None] = None, *, backend: Any = None,
-                env: Optional[Mapping[str, str]] = None, search: bool = True) -> Config:
+def load_config(
+    path: Union[str, os.PathLike, None] = None,
+    *,
+    backend: Any = None,
+    env: Optional[Mapping[str, str]] = None,
+    search: bool = True,
+) -> Config:
     """Load and validate a configuration.
 
     ``path`` is an ``ssu.toml`` or a ``pyproject.toml``; without one, the working directory is

@@ -15,8 +15,17 @@ import attrs
 
 from . import oracle
 from .errors import InputError, SSUError
-from .harness import (CheckFailure, batch_slots, engine_cache, expect_close, logical_states, open_backend,
-                      prepared, real_slots, seeded_states)
+from .harness import (
+    CheckFailure,
+    batch_slots,
+    engine_cache,
+    expect_close,
+    logical_states,
+    open_backend,
+    prepared,
+    real_slots,
+    seeded_states,
+)
 from .inputs import layer_weights, pick_slots, random_states, step_inputs
 from .problem import Problem
 
@@ -252,8 +261,9 @@ def check_guarded_ids(kernel, gen) -> None:
     start[: len(real)] = before[0][real.long()]
     states, outs = oracle.step_math64(p, start, inputs)
     out = kernel.step(state, layer=0, **inputs.kwargs())
-    expect_close("outputs (rows with ids outside the cache from a zero state)", oracle.with_token_axis(p, out),
-                 outs, tol)
+    expect_close(
+        "outputs (rows with ids outside the cache from a zero state)", oracle.with_token_axis(p, out), outs, tol
+    )
     first = len(real)
     try:
         kernel.check()
@@ -273,15 +283,18 @@ def check_guarded_ids(kernel, gen) -> None:
             if "num_accepted[0]" not in str(exc) and "slots[" not in str(exc):
                 raise CheckFailure(f"kernel.check() after the commit named the wrong row: {exc}") from None
         else:
-            raise CheckFailure(f"num_accepted[0] = {int(accepted[0])} is outside 1..T, but kernel.check() raised nothing")
+            raise CheckFailure(
+                f"num_accepted[0] = {int(accepted[0])} is outside 1..T, but kernel.check() raised nothing"
+            )
         moved = real[1:].long()
         rows = torch.arange(1, len(real), device=p.device)
         expect_close("states after the commit", logical_states(kernel, state, 0)[moved], states[rows, 0], tol)
         _unchanged(kernel, state, before, {0: moved})
     else:
         if not p.speculative:
-            expect_close("states of the real rows", logical_states(kernel, state, 0)[real.long()],
-                         states[: len(real), 0], tol)
+            expect_close(
+                "states of the real rows", logical_states(kernel, state, 0)[real.long()], states[: len(real), 0], tol
+            )
         _unchanged(kernel, state, before, {0: real.long()} if not p.speculative else {})
 
 
@@ -358,8 +371,9 @@ def check_adopted(kernel, gen) -> None:
     for layer in range(layers):
         if caches[layer].data_ptr() != pointers[layer] or state.cache[layer] is not caches[layer]:
             raise CheckFailure("the adopted state does not hold the engine's tensor any more")
-        expect_close(f"the engine's cache of layer {layer}", caches[layer][real].float(),
-                     expected[layer][rows, pick], tol)
+        expect_close(
+            f"the engine's cache of layer {layer}", caches[layer][real].float(), expected[layer][rows, pick], tol
+        )
         if not torch.equal(pages[layer][:, 1:], pages_before[layer][:, 1:]):
             raise CheckFailure(f"data beside the cache slots in the engine's pages of layer {layer} was written")
         if not torch.equal(caches[layer][others], pages_before[layer][others, 0]):
@@ -394,8 +408,10 @@ def check_partial_commit(kernel, gen) -> None:
 #: check name -> (function(kernel, generator), what it checks)
 CHECKS: dict[str, tuple[Callable, str]] = {
     "step": (check_step, "step vs oracle (D, z, dt_bias, softplus, pad row)"),
-    "step-without-options": (lambda k, g: check_step(k, g, with_options=False),
-                             "step vs oracle (no D, z, dt_bias, softplus)"),
+    "step-without-options": (
+        lambda k, g: check_step(k, g, with_options=False),
+        "step vs oracle (no D, z, dt_bias, softplus)",
+    ),
     "decode": (check_decode, "decode of several steps"),
     "roundtrip": (check_roundtrip, "write_state/read_state round trip"),
     "warmup": (check_warmup, "warmup leaves the state intact"),
@@ -410,6 +426,7 @@ CHECKS: dict[str, tuple[Callable, str]] = {
 
 def problems_for(capabilities, device: str) -> Iterator[Problem]:
     """Small problems covering the dtypes and modes the backend declares."""
+
     def pick(options, values):
         return [v for v in values if options is None or v in options] or sorted(options)[:1]
 
@@ -421,16 +438,37 @@ def problems_for(capabilities, device: str) -> Iterator[Problem]:
     N = pick(capabilities.dstates, [16, 96, 128])[0]
     inp = pick(capabilities.input_dtypes, ["bf16", "fp16", "fp32"])[0]
     for state_dtype in [d for d in ("fp32", "bf16", "fp16") if d in capabilities.state_dtypes]:
-        yield Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype=inp,
-                      num_slots=12, max_batch=5, device=device)
+        yield Problem(
+            nheads=H,
+            headdim=P,
+            dstate=N,
+            ngroups=G,
+            state_dtype=state_dtype,
+            input_dtype=inp,
+            num_slots=12,
+            max_batch=5,
+            device=device,
+        )
     if capabilities.speculative and capabilities.max_tokens_per_step > 1:
         T = min(3, capabilities.max_tokens_per_step)
-        yield Problem(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=sorted(capabilities.state_dtypes)[0],
-                      input_dtype=inp, num_slots=12, max_batch=5, tokens_per_step=T, speculative=True, device=device)
+        yield Problem(
+            nheads=H,
+            headdim=P,
+            dstate=N,
+            ngroups=G,
+            state_dtype=sorted(capabilities.state_dtypes)[0],
+            input_dtype=inp,
+            num_slots=12,
+            max_batch=5,
+            tokens_per_step=T,
+            speculative=True,
+            device=device,
+        )
 
 
-def run_conformance(backend: str, *, device: str = "cpu", registry=None, seed: int = 0,
-                    options: Optional[dict] = None) -> list[CheckResult]:
+def run_conformance(
+    backend: str, *, device: str = "cpu", registry=None, seed: int = 0, options: Optional[dict] = None
+) -> list[CheckResult]:
     """Run every check on every problem of :func:`problems_for`; never raises for a failed check."""
     import torch
 

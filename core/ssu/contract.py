@@ -28,10 +28,23 @@ class StepFn(Protocol):
     optional; ``out`` like x (allocated if None). No hook dispatch, no host synchronisation.
     """
 
-    def __call__(self, state: "State", x: "Tensor", dt: "Tensor", A: "Tensor", B: "Tensor", C: "Tensor",
-                 slots: "Tensor", D: Optional["Tensor"] = None, z: Optional["Tensor"] = None,
-                 dt_bias: Optional["Tensor"] = None, dt_softplus: bool = False, out: Optional["Tensor"] = None,
-                 layer: int = 0, dst_slots: Optional["Tensor"] = None) -> "Tensor": ...
+    def __call__(
+        self,
+        state: "State",
+        x: "Tensor",
+        dt: "Tensor",
+        A: "Tensor",
+        B: "Tensor",
+        C: "Tensor",
+        slots: "Tensor",
+        D: Optional["Tensor"] = None,
+        z: Optional["Tensor"] = None,
+        dt_bias: Optional["Tensor"] = None,
+        dt_softplus: bool = False,
+        out: Optional["Tensor"] = None,
+        layer: int = 0,
+        dst_slots: Optional["Tensor"] = None,
+    ) -> "Tensor": ...
 
 
 class CommitFn(Protocol):
@@ -50,8 +63,7 @@ STEP_NAMES: tuple[str, ...] = tuple(p.name for p in STEP_PARAMETERS)
 #: the parameters that are tensors (all but the state, the softplus flag and the layer), in order
 TENSOR_NAMES: tuple[str, ...] = tuple(n for n in STEP_NAMES if n not in ("state", "dt_softplus", "layer"))
 #: the tensor parameters that may be None
-OPTIONAL_TENSORS: frozenset = frozenset(p.name for p in STEP_PARAMETERS if p.name in TENSOR_NAMES and
-                                        p.default is None)
+OPTIONAL_TENSORS: frozenset = frozenset(p.name for p in STEP_PARAMETERS if p.name in TENSOR_NAMES and p.default is None)
 #: the per-head parameters, which may come expanded over P and N (``Capabilities.tied_inputs``)
 PER_HEAD: tuple[str, ...] = ("dt", "A", "D", "dt_bias")
 #: parameters added by plugin API minors: a backend declaring an older minor may omit them
@@ -60,8 +72,11 @@ ADDED_IN = {"dst_slots": (1, 2)}
 
 def describe(parameters) -> str:
     """``(state, x, ..., dst_slots=None)``."""
-    return "(" + ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
-                           for p in parameters) + ")"
+    return (
+        "("
+        + ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in parameters)
+        + ")"
+    )
 
 
 def define_step(body: str, passed: tuple, namespace: dict, name: str) -> "StepFn":
@@ -69,8 +84,7 @@ def define_step(body: str, passed: tuple, namespace: dict, name: str) -> "StepFn
     ``body`` (source, indented four spaces, which may use every parameter by name and the names in
     ``namespace``) and then returning ``raw(...)`` with the parameters ``passed``: how the core
     wraps a backend's step without spelling the signature out again."""
-    source = (f"def step{describe(STEP_PARAMETERS)}:\n{body}"
-              f"    return raw({', '.join(passed)})\n")
+    source = f"def step{describe(STEP_PARAMETERS)}:\n{body}    return raw({', '.join(passed)})\n"
     scope = dict(namespace)
     exec(compile(source, f"<{name}>", "exec"), scope)  # noqa: S102 - source built from the contract's names
     return scope["step"]
@@ -95,8 +109,10 @@ def check_step(fn: Callable, backend: str, api_version: str) -> None:
     want = expected_parameters(api)
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
     same = len(got) == len(want) and all(
-        g.name == w.name and g.default == w.default and g.kind in kinds for g, w in zip(got, want))
+        g.name == w.name and g.default == w.default and g.kind in kinds for g, w in zip(got, want)
+    )
     if not same:
         raise BackendError(
             f"backend {backend!r}: its step callable takes {describe(got)}; plugin API {api_version} needs "
-            f"{describe(want)} (the order and defaults of ssu.contract.StepFn). Fix the factory's step function")
+            f"{describe(want)} (the order and defaults of ssu.contract.StepFn). Fix the factory's step function"
+        )

@@ -44,14 +44,19 @@ class DecodeReport:
 
     @property
     def ok(self) -> bool:
-        return (self.max_out_error <= self.tolerance and self.max_state_error <= self.tolerance
-                and self.untouched_changed == 0)
+        return (
+            self.max_out_error <= self.tolerance
+            and self.max_state_error <= self.tolerance
+            and self.untouched_changed == 0
+        )
 
     def summary(self) -> str:
         layer_steps = self.layers * self.steps
         if self.checked:
-            errors = (f"max error       out {self.max_out_error:.2e}, state {self.max_state_error:.2e} "
-                      f"(tolerance {self.tolerance:.1e}, {self.checked_layer_steps} layer-steps checked)")
+            errors = (
+                f"max error       out {self.max_out_error:.2e}, state {self.max_state_error:.2e} "
+                f"(tolerance {self.tolerance:.1e}, {self.checked_layer_steps} layer-steps checked)"
+            )
             result = "OK" if self.ok else "WRONG"
         else:
             errors = "max error       not checked (--check-every 0: no layer-step compared with the oracle)"
@@ -62,11 +67,14 @@ class DecodeReport:
             f"run             {self.layers} layers x {self.steps} steps, batch {self.batch}"
             f"{f' ({self.pad_rows} pad rows)' if self.pad_rows else ''}",
             f"step rate       {self.steps / self.seconds:.1f} steps/s, kernel calls only (checks not timed)"
-            if self.seconds else "step rate       -",
+            if self.seconds
+            else "step rate       -",
             f"wall time       {self.wall_seconds:.2f} s, checks and set-up included",
             f"per layer-step  {self.seconds / layer_steps * 1e6:.1f} us",
             f"state traffic   {self.state_bytes / self.seconds / 1e9:.2f} GB/s "
-            f"({self.state_bytes / layer_steps / 1e6:.2f} MB per layer-step)" if self.seconds else "",
+            f"({self.state_bytes / layer_steps / 1e6:.2f} MB per layer-step)"
+            if self.seconds
+            else "",
             errors,
             f"untouched slots {self.untouched_checked} checked, {self.untouched_changed} changed",
             f"result          {result}",
@@ -95,8 +103,17 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pad_rows: int = 0,
-               check_every: int = 1, progress: Optional[Callable[[int], None]] = None) -> DecodeReport:
+def decode_run(
+    kernel,
+    *,
+    layers: int,
+    steps: int,
+    batch: int,
+    seed: int = 0,
+    pad_rows: int = 0,
+    check_every: int = 1,
+    progress: Optional[Callable[[int], None]] = None,
+) -> DecodeReport:
     """Run ``steps`` decode steps of ``layers`` layers for ``batch`` sequences; see the module doc."""
     import torch
 
@@ -104,8 +121,9 @@ def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pa
     p = kernel.problem
     gen = torch.Generator().manual_seed(seed)
     T = p.tokens_per_step
-    report = DecodeReport(kernel.backend, p, layers, steps, batch, pad_rows,
-                          tolerance=oracle.tolerance(p.state_dtype, p.input_dtype, T))
+    report = DecodeReport(
+        kernel.backend, p, layers, steps, batch, pad_rows, tolerance=oracle.tolerance(p.state_dtype, p.input_dtype, T)
+    )
     state = kernel.allocate_state(num_layers=layers)
     all_slots = torch.tensor([s for s in range(p.num_slots) if s != p.pad_slot_id], dtype=torch.int64, device=p.device)
     for layer in range(layers):  # every slot starts from a random state
@@ -152,8 +170,9 @@ def decode_run(kernel, *, layers: int, steps: int, batch: int, seed: int = 0, pa
             pick = (accepted[: batch - pad_rows].long() - 1) if accepted is not None else torch.zeros_like(rows)
             for layer, states in enumerate(expected_states):
                 want = states[rows, pick]
-                report.max_state_error = max(report.max_state_error,
-                                             oracle.rel_error(kernel.read_state(state, real, layer), want))
+                report.max_state_error = max(
+                    report.max_state_error, oracle.rel_error(kernel.read_state(state, real, layer), want)
+                )
             report.checked_layer_steps += layers
         if progress is not None:
             progress(step_index + 1)

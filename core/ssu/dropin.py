@@ -45,10 +45,10 @@ class _Adopted:
     state: "State"
 
 
-_configs: dict = {}     # id(config) -> the Config used (None: the loaded one)
-_kernels: dict = {}     # (problem fields but the batch, id(config)) -> Kernel
-_adopted: dict = {}     # (id(state), id(config)) -> _Adopted
-_rows: dict = {}        # (batch, device) -> arange(batch): the slots of a call without state_batch_indices
+_configs: dict = {}  # id(config) -> the Config used (None: the loaded one)
+_kernels: dict = {}  # (problem fields but the batch, id(config)) -> Kernel
+_adopted: dict = {}  # (id(state), id(config)) -> _Adopted
+_rows: dict = {}  # (batch, device) -> arange(batch): the slots of a call without state_batch_indices
 
 
 def clear() -> None:
@@ -60,12 +60,24 @@ def clear() -> None:
     _rows.clear()
 
 
-def selective_state_update(state: "Tensor", x: "Tensor", dt: "Tensor", A: "Tensor", B: "Tensor", C: "Tensor",
-                           D: Optional["Tensor"] = None, z: Optional["Tensor"] = None,
-                           dt_bias: Optional["Tensor"] = None, dt_softplus: bool = False,
-                           state_batch_indices: Optional["Tensor"] = None,
-                           dst_state_batch_indices: Optional["Tensor"] = None, pad_slot_id: int = -1,
-                           out: Optional["Tensor"] = None, *, config: Optional["Config"] = None) -> "Tensor":
+def selective_state_update(
+    state: "Tensor",
+    x: "Tensor",
+    dt: "Tensor",
+    A: "Tensor",
+    B: "Tensor",
+    C: "Tensor",
+    D: Optional["Tensor"] = None,
+    z: Optional["Tensor"] = None,
+    dt_bias: Optional["Tensor"] = None,
+    dt_softplus: bool = False,
+    state_batch_indices: Optional["Tensor"] = None,
+    dst_state_batch_indices: Optional["Tensor"] = None,
+    pad_slot_id: int = -1,
+    out: Optional["Tensor"] = None,
+    *,
+    config: Optional["Config"] = None,
+) -> "Tensor":
     """One SSU step on ``state`` (num_slots, H, P, N), in place; returns ``out`` (b, H, P).
 
     x (b, H, P); dt (b, H) or (b, H, P) expanded; A (H,) or (H, P, N) expanded; B, C (b, G, N);
@@ -84,17 +96,20 @@ def selective_state_update(state: "Tensor", x: "Tensor", dt: "Tensor", A: "Tenso
         if rows is None:
             rows = _default_rows(b, x.device, pad_slot_id)
         state_batch_indices = rows
-    return entry.kernel.step(entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0,
-                             dst_state_batch_indices)
+    return entry.kernel.step(
+        entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0, dst_state_batch_indices
+    )
 
 
 def _default_rows(b: int, device, pad_slot_id: int):
     import torch
 
     if 0 <= pad_slot_id < b:
-        raise InputError(f"pad_slot_id={pad_slot_id} is the slot of row {pad_slot_id} (without state_batch_indices "
-                         "row b uses slot b); pass state_batch_indices, or a pad id outside 0.."
-                         f"{b - 1} (the default -1)")
+        raise InputError(
+            f"pad_slot_id={pad_slot_id} is the slot of row {pad_slot_id} (without state_batch_indices "
+            "row b uses slot b); pass state_batch_indices, or a pad id outside 0.."
+            f"{b - 1} (the default -1)"
+        )
     rows = _rows[(b, device)] = torch.arange(b, dtype=torch.int32, device=device)
     return rows
 
@@ -118,19 +133,34 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
     from .kernel import open_kernel
     from .problem import Problem
 
-    for name, t, dims in (("state", state, "(num_slots, H, P, N)"), ("x", x, "(batch, H, P)"),
-                          ("B", B, "(batch, G, N)")):
+    for name, t, dims in (
+        ("state", state, "(num_slots, H, P, N)"),
+        ("x", x, "(batch, H, P)"),
+        ("B", B, "(batch, G, N)"),
+    ):
         if not isinstance(t, torch.Tensor) or t.dim() != len(dims.split(",")):
             got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(f"{name}: expected a tensor {dims} (one token per sequence; a Mamba-1 layer's (batch, "
-                             f"dim) inputs are not served), got {got}")
+            raise InputError(
+                f"{name}: expected a tensor {dims} (one token per sequence; a Mamba-1 layer's (batch, "
+                f"dim) inputs are not served), got {got}"
+            )
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
         raise InputError(f"pad_slot_id: expected an integer, got {pad_slot_id!r}")
     S, H, P, N = state.shape
     b = x.shape[0]
     used = _config(config)
-    fields = dict(nheads=H, headdim=P, dstate=N, ngroups=B.shape[1], state_dtype=state.dtype, input_dtype=x.dtype,
-                  num_slots=S, device=str(state.device), pad_slot_id=pad_slot_id, engine_state=True)
+    fields = dict(
+        nheads=H,
+        headdim=P,
+        dstate=N,
+        ngroups=B.shape[1],
+        state_dtype=state.dtype,
+        input_dtype=x.dtype,
+        num_slots=S,
+        device=str(state.device),
+        pad_slot_id=pad_slot_id,
+        engine_state=True,
+    )
     key = (tuple(sorted((k, str(v)) for k, v in fields.items())), id(config))
     kernel = _kernels.get(key)
     if kernel is None or b > kernel.problem.max_batch:

@@ -9,12 +9,25 @@ from .errors import ConfigError
 
 #: canonical short name for every spelling we accept
 _ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-    "fp64": "fp64", "float64": "fp64", "double": "fp64", "torch.float64": "fp64",
-    "int32": "int32", "torch.int32": "int32",
-    "int64": "int64", "torch.int64": "int64",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "fp64": "fp64",
+    "float64": "fp64",
+    "double": "fp64",
+    "torch.float64": "fp64",
+    "int32": "int32",
+    "torch.int32": "int32",
+    "int64": "int64",
+    "torch.int64": "int64",
 }
 
 #: dtypes a state cache may have
@@ -46,6 +59,10 @@ def to_torch(name: str):
     import torch
 
     return {
-        "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-        "fp64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp64": torch.float64,
+        "int32": torch.int32,
+        "int64": torch.int64,
     }[dtype_name(name)]

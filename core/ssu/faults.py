@@ -69,12 +69,16 @@ def message(key: int, problem) -> Optional[str]:
     row, kind, value = decode(key)
     name = KINDS[kind]
     if kind == NUM_ACCEPTED:
-        return (f"num_accepted[{row}] = {value}: outside 1..{problem.tokens_per_step}; that slot's state was "
-                "left as it was before the step. Pass how many of the step's tokens each sequence keeps (at least "
-                "1); validate = \"full\" refuses such counts before the commit runs")
-    return (f"{name}[{row}] = {value}: neither a slot of this cache (0..{problem.num_slots - 1}) nor the pad id "
-            f"{problem.pad_slot_id}; that row was served as a pad row (no state read or written, its output from a "
-            "zero state). Fix the caller's slot mapping; validate = \"full\" refuses such ids before the step runs")
+        return (
+            f"num_accepted[{row}] = {value}: outside 1..{problem.tokens_per_step}; that slot's state was "
+            "left as it was before the step. Pass how many of the step's tokens each sequence keeps (at least "
+            '1); validate = "full" refuses such counts before the commit runs'
+        )
+    return (
+        f"{name}[{row}] = {value}: neither a slot of this cache (0..{problem.num_slots - 1}) nor the pad id "
+        f"{problem.pad_slot_id}; that row was served as a pad row (no state read or written, its output from a "
+        'zero state). Fix the caller\'s slot mapping; validate = "full" refuses such ids before the step runs'
+    )
 
 
 def guard(ids, problem, faults, kind: int):

@@ -15,5 +15,7 @@ RESERVED = "reference"
 
 
 def install_hint(name: str) -> str:
-    """The pip command that installs first-party backend ``name``."""
-    return f"pip install {FIRST_PARTY[name]}"
+    """The pip command that installs first-party backend ``name``: from a folder of the project's
+    wheels (``scripts/build-wheels`` in its repository builds them) until the distributions are on
+    a public index."""
+    return f"pip install --find-links <wheel folder> {FIRST_PARTY[name]}"

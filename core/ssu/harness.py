@@ -97,8 +97,12 @@ def engine_cache(problem, layers: int, gen, slot_stride: int = 2):
     from .dtypes import to_torch
 
     p = problem
-    pages = [torch.randn(p.num_slots, slot_stride, p.nheads, p.headdim, p.dstate, generator=gen)
-             .to(dtype=to_torch(p.state_dtype), device=p.device) for _ in range(layers)]
+    pages = [
+        torch.randn(p.num_slots, slot_stride, p.nheads, p.headdim, p.dstate, generator=gen).to(
+            dtype=to_torch(p.state_dtype), device=p.device
+        )
+        for _ in range(layers)
+    ]
     return [page[:, 0] for page in pages], pages
 
 
@@ -113,15 +117,29 @@ def batch_slots(problem, b: int, pad: int, gen, index_dtype, destinations: bool)
     both = pick_slots(problem, 2 * (b - pad), gen, index_dtype=index_dtype)
     pads = torch.full((pad,), problem.pad_slot_id, dtype=both.dtype, device=both.device)
     slots = torch.cat([both[: b - pad], pads])
-    dst = torch.cat([both[b - pad:], pads.flip(0)])
+    dst = torch.cat([both[b - pad :], pads.flip(0)])
     if b - pad >= 3:
         dst[1] = problem.pad_slot_id
     return slots, dst
 
 
-def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, pad=0, index_dtype=None,
-                           options=True, tokens=None, layers=1, backend_options=None, registry=None,
-                           adopt: bool = False, destinations: bool = False):
+def compare_with_reference(
+    backend: str,
+    problem,
+    gen,
+    *,
+    steps=1,
+    batch=None,
+    pad=0,
+    index_dtype=None,
+    options=True,
+    tokens=None,
+    layers=1,
+    backend_options=None,
+    registry=None,
+    adopt: bool = False,
+    destinations: bool = False,
+):
     """Drive ``backend`` and the reference through ``steps`` steps (and commits) with the same
     inputs, each step starting from the backend's own states; raise :class:`CheckFailure` unless
     outputs and states agree within :func:`ssu.oracle.tolerance` and every buffer row of the
@@ -138,8 +156,9 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
     if adopt:
         caches, pages = engine_cache(problem, layers, gen)
         pointers = [c.data_ptr() for c in caches]
-        ts, rs = seeded_states((tk, rk), problem, gen, layers, states=(tk.adopt_state(caches),
-                                                                       rk.allocate_state(layers)))
+        ts, rs = seeded_states(
+            (tk, rk), problem, gen, layers, states=(tk.adopt_state(caches), rk.allocate_state(layers))
+        )
         pages_after_seed = [page[:, 1:].clone() for page in pages]
     else:
         ts, rs = seeded_states((tk, rk), problem, gen, layers)
@@ -167,8 +186,9 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
             # both start every step from the backend's own (rounded) states, so that legitimate
             # rounding differences of earlier steps do not accumulate into the comparison
             rk.write_state(rs, real, tk.read_state(ts, real, layer), layer)
-            inputs = step_inputs(problem, slots, gen, tokens=T, weights=weights[layer], with_z=options,
-                                 dt_softplus=options)
+            inputs = step_inputs(
+                problem, slots, gen, tokens=T, weights=weights[layer], with_z=options, dt_softplus=options
+            )
             out_t = torch.full_like(inputs.x, float("nan"))
             tk.step(ts, out=out_t, layer=layer, dst_slots=dst, **inputs.kwargs())
             out_r = rk.step(rs, layer=layer, dst_slots=dst, **inputs.kwargs())
@@ -177,8 +197,13 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
             accepted = torch.randint(1, T + 1, (b,), generator=gen, dtype=torch.int32).to(problem.device)
             tk.commit(ts, slots, accepted)
             rk.commit(rs, slots, accepted)
-        written = real if dst is None else dst[(dst >= 0) & (dst < problem.num_slots) & (dst != problem.pad_slot_id)
-                                               & (slots != problem.pad_slot_id)].long()
+        written = (
+            real
+            if dst is None
+            else dst[
+                (dst >= 0) & (dst < problem.num_slots) & (dst != problem.pad_slot_id) & (slots != problem.pad_slot_id)
+            ].long()
+        )
         for layer in range(layers):
             want = rk.read_state(rs, written, layer)
             expect_close(f"states of layer {layer}", tk.read_state(ts, written, layer), want, tol)
@@ -201,8 +226,9 @@ def compare_with_reference(backend: str, problem, gen, *, steps=1, batch=None, p
     return tk, ts
 
 
-def stochastic_rounding_bias(backend: str, gen, *, rows: int = 512, backend_options: Optional[dict] = None,
-                             **shape) -> tuple[float, float, float]:
+def stochastic_rounding_bias(
+    backend: str, gen, *, rows: int = 512, backend_options: Optional[dict] = None, **shape
+) -> tuple[float, float, float]:
     """Bias of a backend's stochastically rounded fp16 state cache: ``rows`` sequences with the
     same state and inputs take one step; returns (mean |bias| of the backend's rounding, the same
     for round-to-nearest (the reference), mean |error| per sequence). Unbiased rounding has a
@@ -214,15 +240,19 @@ def stochastic_rounding_bias(backend: str, gen, *, rows: int = 512, backend_opti
 
     fields = dict(num_slots=rows, max_batch=rows, **shape)
     fp16 = Problem(state_dtype="fp16", **fields)
-    kernels = {"sr": open_kernel(Config(backend=backend, backends={backend: dict(backend_options or {},
-                                                                                   stochastic_rounding=True)}), fp16),
-               "rtn": open_kernel(Config(backend="reference"), fp16),
-               "exact": open_kernel(Config(backend="reference"), Problem(state_dtype="fp32", **fields))}
+    kernels = {
+        "sr": open_kernel(
+            Config(backend=backend, backends={backend: dict(backend_options or {}, stochastic_rounding=True)}), fp16
+        ),
+        "rtn": open_kernel(Config(backend="reference"), fp16),
+        "exact": open_kernel(Config(backend="reference"), Problem(state_dtype="fp32", **fields)),
+    }
     start = random_states(fp16, 1, gen).half().float().expand(rows, -1, -1, -1).contiguous()
     slots = torch.arange(rows, dtype=torch.int32, device=fp16.device)
     one = step_inputs(fp16, slots[:1], gen).kwargs()
-    inputs = {k: (v.expand(rows, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v)
-              for k, v in one.items()}
+    inputs = {
+        k: (v.expand(rows, *v.shape[1:]).contiguous() if k in ("x", "dt", "B", "C", "z") else v) for k, v in one.items()
+    }
     inputs.update(slots=slots, D=one["D"].to(one["dt"].dtype), dt_bias=one["dt_bias"].to(one["dt"].dtype))
     results = {}
     for name, kernel in kernels.items():

@@ -44,8 +44,16 @@ def layer_weights(problem, generator, *, with_D: bool = True, with_dt_bias: bool
     return {k: (None if v is None else v.to(dev)) for k, v in {"A": A, "D": D, "dt_bias": dt_bias}.items()}
 
 
-def step_inputs(problem, slots, generator, *, tokens: Optional[int] = None, weights: Optional[dict] = None,
-                with_z: bool = True, dt_softplus: bool = True) -> StepInputs:
+def step_inputs(
+    problem,
+    slots,
+    generator,
+    *,
+    tokens: Optional[int] = None,
+    weights: Optional[dict] = None,
+    with_z: bool = True,
+    dt_softplus: bool = True,
+) -> StepInputs:
     """Random inputs for one step of a batch with the given ``slots`` tensor."""
     import torch
 
@@ -60,7 +68,7 @@ def step_inputs(problem, slots, generator, *, tokens: Optional[int] = None, weig
     def draw(*shape, scale=1.0):
         return (torch.randn(*shape, generator=generator) * scale).to(dtype).to(p.device)
 
-    dt = (torch.rand(*dt_lead, p.nheads, generator=generator) * 3.0 - 2.0)
+    dt = torch.rand(*dt_lead, p.nheads, generator=generator) * 3.0 - 2.0
     if not dt_softplus:
         dt = dt.abs() * 0.1 + 0.01
     return StepInputs(

@@ -52,14 +52,23 @@ def _checked_step(kernel: "Kernel", raw: Callable, full: bool) -> StepFn:
     checker = kernel._checker
     signatures = Signatures()
     api = tuple(int(p) for p in kernel._loaded.spec.api_version.split(".")[:2])
-    body = _CHECKED_BODY.format(tensors=signatures.arguments(),
-                                arguments=", ".join(f"{n}={n}" for n in contract.STEP_NAMES))
-    namespace = dict(token=object(),  # in ``state.checked`` once the state passed this kernel's checks
-                     seen=signatures.seen, add=signatures.add, checker=checker,
-                     full=full, guard=None if kernel.capabilities.guards_slots else faults.guard,
-                     problem=kernel.problem, record=kernel._ctx.faults, SLOTS=faults.SLOTS,
-                     DST_SLOTS=faults.DST_SLOTS, raw=raw,
-                     **{f"NONE_{name}": t for name, t in signatures.placeholders.items()})
+    body = _CHECKED_BODY.format(
+        tensors=signatures.arguments(), arguments=", ".join(f"{n}={n}" for n in contract.STEP_NAMES)
+    )
+    namespace = dict(
+        token=object(),  # in ``state.checked`` once the state passed this kernel's checks
+        seen=signatures.seen,
+        add=signatures.add,
+        checker=checker,
+        full=full,
+        guard=None if kernel.capabilities.guards_slots else faults.guard,
+        problem=kernel.problem,
+        record=kernel._ctx.faults,
+        SLOTS=faults.SLOTS,
+        DST_SLOTS=faults.DST_SLOTS,
+        raw=raw,
+        **{f"NONE_{name}": t for name, t in signatures.placeholders.items()},
+    )
     passed = tuple(p.name for p in contract.expected_parameters(api))
     step = contract.define_step(body, passed, namespace, f"ssu checked step of {kernel.backend}")
     step.__doc__ = StepFn.__doc__
@@ -91,10 +100,14 @@ class Kernel:
         except BackendError:
             raise
         except Exception as exc:
-            raise BackendError(f"backend {self.backend!r}: its factory failed for {ctx.problem.describe()}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+            raise BackendError(
+                f"backend {self.backend!r}: its factory failed for {ctx.problem.describe()}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         if not callable(raw):
-            raise BackendError(f"backend {self.backend!r}: its factory returned {type(raw).__name__}, not a step callable")
+            raise BackendError(
+                f"backend {self.backend!r}: its factory returned {type(raw).__name__}, not a step callable"
+            )
         check_step(raw, self.backend, loaded.spec.api_version)
         self.raw_step: StepFn = raw
         self.step = _checked_step(self, raw, full=config.validate == "full") if config.validate else raw
@@ -116,22 +129,28 @@ class Kernel:
         after ``step`` (and ``commit``) ``cache[slot]`` holds the state, or after :meth:`sync`
         for a backend that keeps more than the logical state (see its docs)."""
         if not self.capabilities.adopt_state:
-            raise BackendError(f"backend {self.backend!r} cannot step an engine's cache in place (its capabilities "
-                               "do not declare adopt_state); allocate a state with kernel.allocate_state and hand "
-                               "states over with write_state / read_state, or choose a backend that adopts "
-                               "(reference, triton, flashinfer)")
+            raise BackendError(
+                f"backend {self.backend!r} cannot step an engine's cache in place (its capabilities "
+                "do not declare adopt_state); allocate a state with kernel.allocate_state and hand "
+                "states over with write_state / read_state, or choose a backend that adopts "
+                "(reference, triton, flashinfer)"
+            )
         layers = self._checker.cache(cache)
         state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers)
         state = self._returned_state(state, len(layers), "ssu_adopt_state")
         if tuple(state.cache) != tuple(layers) or any(a is not b for a, b in zip(state.cache, layers)):
-            raise BackendError(f"backend {self.backend!r}: hook ssu_adopt_state returned a state whose cache is not "
-                               "the engine's tensors it was given")
+            raise BackendError(
+                f"backend {self.backend!r}: hook ssu_adopt_state returned a state whose cache is not "
+                "the engine's tensors it was given"
+            )
         return state
 
     def _returned_state(self, state: Any, num_layers: int, hook: str) -> State:
         if not isinstance(state, State) or state.num_layers != num_layers or state.backend != self.backend:
-            raise BackendError(f"backend {self.backend!r}: hook {hook} returned {state!r}; expected an "
-                               f"ssu.State(backend={self.backend!r}, num_layers={num_layers})")
+            raise BackendError(
+                f"backend {self.backend!r}: hook {hook} returned {state!r}; expected an "
+                f"ssu.State(backend={self.backend!r}, num_layers={num_layers})"
+            )
         return state
 
     def sync(self, state: State, slots=None) -> None:
@@ -161,9 +180,15 @@ class Kernel:
         Without speculation only backends with ``capabilities.layers_share_commit`` take a commit
         (of ones), when their options ask for explicit commits."""
         if self.config.validate:
-            key = (id(state), slots.shape, slots.dtype, slots.device,
-                   getattr(num_accepted, "shape", None), getattr(num_accepted, "dtype", None),
-                   getattr(num_accepted, "device", None))
+            key = (
+                id(state),
+                slots.shape,
+                slots.dtype,
+                slots.device,
+                getattr(num_accepted, "shape", None),
+                getattr(num_accepted, "dtype", None),
+                getattr(num_accepted, "device", None),
+            )
             if key not in self._commit_keys:
                 self._checker.commit(state, slots, num_accepted)
                 self._commit_keys.add(key)
@@ -210,9 +235,9 @@ class Kernel:
         return f"<ssu.Kernel backend={self.backend!r} {self.problem.describe()}>"
 
 
-
-def open_kernel(config: Optional[Config] = None, problem: Optional[Problem] = None, *,
-                registry: Optional[Registry] = None) -> Kernel:
+def open_kernel(
+    config: Optional[Config] = None, problem: Optional[Problem] = None, *, registry: Optional[Registry] = None
+) -> Kernel:
     """Resolve the backend for ``problem`` under ``config`` and open a kernel.
 
     ``config=None`` loads ``ssu.toml`` / ``[tool.ssu]`` from the working directory (if any) and

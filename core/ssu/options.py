@@ -34,8 +34,9 @@ def _describe(tp: Any) -> str:
         return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
     if tp is type(None):
         return "nothing (omit the key)"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-            dict: "a table"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def matches(value: Any, tp: Any) -> bool:

@@ -28,17 +28,17 @@ def ssu_math64(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
     f = torch.float64
     b, T, H, P = x.shape
     G = B.shape[2]
-    group_of_head = torch.arange(H, device=x.device) // (H // G)       # head h reads group h // (H/G)
+    group_of_head = torch.arange(H, device=x.device) // (H // G)  # head h reads group h // (H/G)
     s = state.to(f)
     states, outs = [], []
     for t in range(T):
         d = dt[:, t].to(f) + (0.0 if dt_bias is None else dt_bias.to(f))
         if dt_softplus:
             d = softplus64(d)
-        decay = torch.exp(A.to(f) * d)                                  # (b, H)
-        Bt = B[:, t].to(f)[:, group_of_head]                            # (b, H, N)
+        decay = torch.exp(A.to(f) * d)  # (b, H)
+        Bt = B[:, t].to(f)[:, group_of_head]  # (b, H, N)
         Ct = C[:, t].to(f)[:, group_of_head]
-        xt = x[:, t].to(f)                                              # (b, H, P)
+        xt = x[:, t].to(f)  # (b, H, P)
         s = decay[:, :, None, None] * s + torch.einsum("bh,bhp,bhn->bhpn", d, xt, Bt)
         y = torch.einsum("bhpn,bhn->bhp", s, Ct)
         if D is not None:
@@ -60,15 +60,26 @@ def with_token_axis(problem, t):
 def step_math64(problem, start, inputs):
     """:func:`ssu_math64` applied to a step's inputs (:class:`ssu.inputs.StepInputs`) as a kernel
     of ``problem`` receives them, from fp32/float64 states ``start`` (b, H, P, N)."""
+
     def tok(t):
         return with_token_axis(problem, t)
 
-    return ssu_math64(start, tok(inputs.x), tok(inputs.dt), inputs.A, tok(inputs.B), tok(inputs.C), D=inputs.D,
-                      z=tok(inputs.z), dt_bias=inputs.dt_bias, dt_softplus=inputs.dt_softplus)
+    return ssu_math64(
+        start,
+        tok(inputs.x),
+        tok(inputs.dt),
+        inputs.A,
+        tok(inputs.B),
+        tok(inputs.C),
+        D=inputs.D,
+        z=tok(inputs.z),
+        dt_bias=inputs.dt_bias,
+        dt_softplus=inputs.dt_softplus,
+    )
 
 
 #: unit roundoff of each dtype (half the distance between 1 and the next number)
-EPS = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp64": 2.0 ** -53}
+EPS = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11, "fp64": 2.0**-53}
 
 
 def tolerance(state_dtype: str, input_dtype: str, tokens: int = 1) -> float:
@@ -78,7 +89,7 @@ def tolerance(state_dtype: str, input_dtype: str, tokens: int = 1) -> float:
     the cache rounding and fp32 accumulation count; a few units of the coarser dtype, plus slack
     for the T tokens chained within a step.
     """
-    coarse = max(EPS[state_dtype], EPS[input_dtype], 2.0 ** -20)
+    coarse = max(EPS[state_dtype], EPS[input_dtype], 2.0**-20)
     return 4.0 * coarse * math.sqrt(max(tokens, 1)) + 1e-5
 
 

@@ -18,7 +18,9 @@ def _positive(instance, attribute, value) -> None:
 def _state_dtype(value: Any) -> str:
     name = dtype_name(value, what="Problem.state_dtype")
     if name not in STATE_DTYPES:
-        raise ConfigError(f"Problem.state_dtype: {name} is not a state cache dtype; use one of {', '.join(STATE_DTYPES)}")
+        raise ConfigError(
+            f"Problem.state_dtype: {name} is not a state cache dtype; use one of {', '.join(STATE_DTYPES)}"
+        )
     return name
 
 
@@ -79,12 +81,14 @@ class Problem:
                 "(without speculation every token commits at once, so a step carries one token)"
             )
         if self.pad_in_cache and self.num_slots < 2:
-            raise ConfigError(f"Problem: pad_slot_id={self.pad_slot_id} reserves the only slot of a cache of "
-                              f"num_slots={self.num_slots}; give more slots or a pad id outside the cache (-1)")
+            raise ConfigError(
+                f"Problem: pad_slot_id={self.pad_slot_id} reserves the only slot of a cache of "
+                f"num_slots={self.num_slots}; give more slots or a pad id outside the cache (-1)"
+            )
 
     @property
     def device_type(self) -> str:
-        """"cpu", "cuda", ...: the device string without its index."""
+        """ "cpu", "cuda", ...: the device string without its index."""
         return self.device.split(":", 1)[0]
 
     @property

@@ -92,20 +92,26 @@ class Capabilities:
         if problem.speculative and not self.speculative:
             reasons.append("speculative decoding (step then commit) not supported")
         if problem.tokens_per_step > self.max_tokens_per_step:
-            reasons.append(
-                f"tokens_per_step={problem.tokens_per_step} exceeds the maximum {self.max_tokens_per_step}"
-            )
-        for field, allowed in (("headdim", self.headdims), ("dstate", self.dstates),
-                               ("nheads", self.nheads), ("ngroups", self.ngroups)):
+            reasons.append(f"tokens_per_step={problem.tokens_per_step} exceeds the maximum {self.max_tokens_per_step}")
+        for field, allowed in (
+            ("headdim", self.headdims),
+            ("dstate", self.dstates),
+            ("nheads", self.nheads),
+            ("ngroups", self.ngroups),
+        ):
             value = getattr(problem, field)
             if allowed is not None and value not in allowed:
                 reasons.append(f"{field}={value} not supported (supports {_names(allowed)})")
         if problem.engine_state and not self.adopt_state:
-            reasons.append("stepping an engine's own cache in place (Problem.engine_state) not supported: it "
-                           "allocates its own state; hand states over with write_state / read_state")
+            reasons.append(
+                "stepping an engine's own cache in place (Problem.engine_state) not supported: it "
+                "allocates its own state; hand states over with write_state / read_state"
+            )
         if problem.pad_slot_id >= 0 and not self.any_pad_slot_id:
-            reasons.append(f"pad_slot_id={problem.pad_slot_id} names a slot of the cache; this backend serves "
-                           "negative pad ids only (use pad_slot_id=-1)")
+            reasons.append(
+                f"pad_slot_id={problem.pad_slot_id} names a slot of the cache; this backend serves "
+                "negative pad ids only (use pad_slot_id=-1)"
+            )
         return reasons
 
     def to_dict(self) -> dict:

@@ -21,8 +21,14 @@ import attrs
 import pluggy
 
 from . import hookspecs
-from .errors import (BackendBrokenError, BackendDisabledError, BackendIncompatibleError, BackendNotInstalledError,
-                     SSUWarning, UnknownBackendError)
+from .errors import (
+    BackendBrokenError,
+    BackendDisabledError,
+    BackendIncompatibleError,
+    BackendNotInstalledError,
+    SSUWarning,
+    UnknownBackendError,
+)
 from .firstparty import CORE_DISTRIBUTION, FIRST_PARTY, RESERVED, install_hint
 from .options import did_you_mean
 from .records import AVAILABLE, PLUGIN_API_VERSION, Availability, BackendInfo, BackendSpec
@@ -87,8 +93,9 @@ class LoadedBackend:
         try:
             result = self.pm.hook.ssu_probe(device=device)
         except Exception as exc:  # a probe must not crash the host
-            return Availability(False, f"its ssu_probe hook raised {type(exc).__name__}: {exc}",
-                                "report this to the backend's authors")
+            return Availability(
+                False, f"its ssu_probe hook raised {type(exc).__name__}: {exc}", "report this to the backend's authors"
+            )
         return AVAILABLE if result is None else result
 
 
@@ -106,6 +113,91 @@ def _api_problem(declared: str) -> Optional[str]:
     return None
 
 
+def discovered(entry_point) -> Discovered:
+    """An entry point as a :class:`Discovered` backend (its distribution from metadata)."""
+    dist = getattr(entry_point, "dist", None)
+    name = normalize_distribution(dist.name) if dist is not None else "<unknown>"
+    version = dist.version if dist is not None else "unknown"
+    return Discovered(entry_point.name, name, version, entry_point.value, entry_point.load)
+
+
+def without_reserved(items: Iterable[Discovered]) -> list[Discovered]:
+    """``items`` without a ``reference`` from another distribution than ssu-core (warned about)."""
+    kept = []
+    for item in items:
+        if item.name == RESERVED and item.distribution != CORE_DISTRIBUTION:
+            warnings.warn(
+                f"ignoring backend 'reference' registered by {item.distribution}: that name is reserved "
+                "for ssu-core's built-in backend",
+                SSUWarning,
+                stacklevel=3,
+            )
+            continue
+        kept.append(item)
+    return kept
+
+
+def by_name(items: Iterable[Discovered]) -> dict[str, Discovered]:
+    """One backend per name: the same distribution seen twice (an editable install) counts once;
+    a name registered by two distributions is kept with the others in ``clash``."""
+    found: dict[str, Discovered] = {}
+    for item in items:
+        previous = found.get(item.name)
+        if previous is None:
+            found[item.name] = item
+        elif previous.distribution != item.distribution and item.distribution not in previous.clash:
+            found[item.name] = attrs.evolve(previous, clash=previous.clash + (item.distribution,))
+    return found
+
+
+def import_plugin(found: Discovered) -> Any:
+    """Import a discovered backend's module; a failure is a :class:`BackendBrokenError` naming the
+    backend, its distribution and the import error."""
+    try:
+        return found.load()
+    except Exception as exc:
+        raise BackendBrokenError(
+            f"backend {found.name!r} ({found.distribution} {found.version}) is installed but failed to import "
+            f"{found.module}: {type(exc).__name__}: {exc}\n"
+            f"  fix the import error (often a missing or mismatched dependency), or reinstall {found.distribution}"
+        ) from exc
+
+
+def validate_plugin(found: Discovered, plugin: Any, *, expected: Optional[str]) -> LoadedBackend:
+    """Register ``plugin`` alone in a plugin manager and check it: hook names and arguments,
+    required hooks, its ``BackendSpec``, the name it declares (``expected``, when registered under
+    an entry point), its plugin API version, and the hooks its capabilities need."""
+    label = f"backend {found.name!r} ({found.distribution} {found.version}, {found.module})"
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    try:
+        pm.register(plugin, name=found.name)
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise BackendBrokenError(f"{label} has an invalid hook implementation: {exc}") from exc
+    missing = [h for h in hookspecs.REQUIRED_HOOKS if not getattr(pm.hook, h).get_hookimpls()]
+    if missing:
+        raise BackendBrokenError(f"{label} does not implement the required hook(s) {', '.join(missing)}")
+    try:
+        spec = pm.hook.ssu_backend()
+    except Exception as exc:
+        raise BackendBrokenError(f"{label}: its ssu_backend hook raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(spec, BackendSpec):
+        raise BackendBrokenError(f"{label}: ssu_backend returned {type(spec).__name__}, not ssu.BackendSpec")
+    if expected is not None and spec.name != expected:
+        raise BackendBrokenError(
+            f"{label} declares the name {spec.name!r} but is registered as {expected!r}; the two must agree"
+        )
+    problem = _api_problem(spec.api_version)
+    if problem:
+        raise BackendIncompatibleError(f"{label} {problem}")
+    if spec.capabilities.speculative and not pm.hook.ssu_commit.get_hookimpls():
+        raise BackendBrokenError(f"{label} declares speculative decoding but does not implement ssu_commit")
+    if spec.capabilities.adopt_state and not pm.hook.ssu_adopt_state.get_hookimpls():
+        raise BackendBrokenError(f"{label} declares adopt_state but does not implement ssu_adopt_state")
+    return LoadedBackend(attrs.evolve(found, name=spec.name), spec, pm)
+
+
 class Registry:
     """Discovered backends, filters, and the backends loaded so far.
 
@@ -113,8 +205,7 @@ class Registry:
     injected for tests; by default installed metadata and ``os.environ`` are read.
     """
 
-    def __init__(self, entry_points: Optional[Iterable[Any]] = None,
-                 env: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, entry_points: Optional[Iterable[Any]] = None, env: Optional[Mapping[str, str]] = None) -> None:
         self._entry_points = entry_points
         self._env = env
         self._found: Optional[dict[str, Discovered]] = None
@@ -141,27 +232,10 @@ class Registry:
     def discover(self) -> dict[str, Discovered]:
         """Backends by name, from metadata only. Clashes and reserved names warn, never crash."""
         if self._found is None:
-            found: dict[str, Discovered] = {}
-            for ep in self._read_entry_points():
-                dist = getattr(ep, "dist", None)
-                dist_name = normalize_distribution(dist.name) if dist is not None else "<unknown>"
-                version = dist.version if dist is not None else "?"
-                item = Discovered(ep.name, dist_name, version, ep.value, ep.load)
-                if ep.name == RESERVED and dist_name != CORE_DISTRIBUTION:
-                    warnings.warn(f"ignoring backend 'reference' registered by {dist_name}: "
-                                  "that name is reserved for ssu-core's built-in backend", SSUWarning, stacklevel=2)
-                    continue
-                previous = found.get(ep.name)
-                if previous is None:
-                    found[ep.name] = item
-                elif previous.distribution == dist_name:
-                    continue  # the same distribution seen twice (an editable install): one backend
-                else:
-                    found[ep.name] = attrs.evolve(previous, clash=previous.clash + (dist_name,))
-            for name, item in found.items():
+            self._found = by_name(without_reserved(discovered(ep) for ep in self._read_entry_points()))
+            for item in self._found.values():
                 if item.clash:
                     warnings.warn(_clash_message(item), SSUWarning, stacklevel=2)
-            self._found = found
             for message in self.filter_warnings():
                 warnings.warn(message, SSUWarning, stacklevel=2)
         return {**self._found, **self._local}
@@ -173,24 +247,24 @@ class Registry:
         lines = []
         for variable in (ENV_ALLOW, ENV_DENY):
             for name in sorted(_names(self.env.get(variable, "")) - known):
-                effect = ("every backend not named there is disabled" if variable == ENV_ALLOW
-                          else "it disables nothing")
-                lines.append(f"{variable} names {name!r}, which is no installed backend"
-                             f"{did_you_mean(name, known)}; {effect}. Installed: {', '.join(sorted(known)) or 'none'}")
+                effect = "every backend not named there is disabled" if variable == ENV_ALLOW else "it disables nothing"
+                lines.append(
+                    f"{variable} names {name!r}, which is no installed backend"
+                    f"{did_you_mean(name, known)}; {effect}. Installed: {', '.join(sorted(known)) or 'none'}"
+                )
         return lines
 
     def register(self, plugin: Any, *, distribution: str = "<in-process>", version: str = "") -> str:
         """Register a backend object or module defined in this process (tests, benchmarks, an
         engine's private kernel). Returns its name. It is loaded and validated at once."""
         module = getattr(plugin, "__name__", type(plugin).__name__)
-        probe = Discovered("?", distribution, version, module, lambda: plugin)
-        loaded = self._validate(probe, plugin)
+        loaded = validate_plugin(
+            Discovered(module, distribution, version, module, lambda: plugin), plugin, expected=None
+        )
         name = loaded.spec.name
         if name == RESERVED or name in self.discover():
             raise BackendBrokenError(f"cannot register backend {name!r} from {module}: that name is already taken")
-        found = attrs.evolve(probe, name=name)
-        loaded.found = found
-        self._local[name] = found
+        self._local[name] = loaded.found
         self._loaded[name] = loaded
         return name
 
@@ -231,19 +305,7 @@ class Registry:
         if found.clash:
             raise BackendBrokenError(_clash_message(found))
         try:
-            plugin = found.load()
-        except Exception as exc:
-            error = BackendBrokenError(
-                f"backend {name!r} ({found.distribution} {found.version}) is installed but failed to import "
-                f"{found.module}: {type(exc).__name__}: {exc}\n"
-                f"  fix the import error (often a missing or mismatched dependency), or reinstall "
-                f"{found.distribution}"
-            )
-            error.__cause__ = exc
-            self._broken[name] = error
-            raise error from exc
-        try:
-            loaded = self._validate(found, plugin)
+            loaded = validate_plugin(found, import_plugin(found), expected=name)
         except BackendIncompatibleError:
             raise
         except BackendBrokenError as error:
@@ -251,36 +313,6 @@ class Registry:
             raise
         self._loaded[name] = loaded
         return loaded
-
-    def _validate(self, found: Discovered, plugin: Any) -> LoadedBackend:
-        label = f"backend {found.name!r} ({found.distribution} {found.version}, {found.module})"
-        pm = pluggy.PluginManager(hookspecs.PROJECT)
-        pm.add_hookspecs(hookspecs)
-        try:
-            pm.register(plugin, name=found.name)
-            pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            raise BackendBrokenError(f"{label} has an invalid hook implementation: {exc}") from exc
-        missing = [h for h in hookspecs.REQUIRED_HOOKS if not getattr(pm.hook, h).get_hookimpls()]
-        if missing:
-            raise BackendBrokenError(f"{label} does not implement the required hook(s) {', '.join(missing)}")
-        try:
-            spec = pm.hook.ssu_backend()
-        except Exception as exc:
-            raise BackendBrokenError(f"{label}: its ssu_backend hook raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(spec, BackendSpec):
-            raise BackendBrokenError(f"{label}: ssu_backend returned {type(spec).__name__}, not ssu.BackendSpec")
-        if found.name != "?" and spec.name != found.name:
-            raise BackendBrokenError(
-                f"{label} declares the name {spec.name!r} but is registered as {found.name!r}; the two must agree")
-        problem = _api_problem(spec.api_version)
-        if problem:
-            raise BackendIncompatibleError(f"{label} {problem}")
-        if spec.capabilities.speculative and not pm.hook.ssu_commit.get_hookimpls():
-            raise BackendBrokenError(f"{label} declares speculative decoding but does not implement ssu_commit")
-        if spec.capabilities.adopt_state and not pm.hook.ssu_adopt_state.get_hookimpls():
-            raise BackendBrokenError(f"{label} declares adopt_state but does not implement ssu_adopt_state")
-        return LoadedBackend(found, spec, pm)
 
     # listing ---------------------------------------------------------------------------------
     def info(self, name: str, *, probe: bool = False, device: str = "cpu") -> BackendInfo:
@@ -316,8 +348,10 @@ class Registry:
 
 
 def _clash_message(found: Discovered) -> str:
-    return (f"backend name {found.name!r} is registered by more than one distribution: "
-            f"{', '.join((found.distribution,) + found.clash)}; uninstall all but one of them")
+    return (
+        f"backend name {found.name!r} is registered by more than one distribution: "
+        f"{', '.join((found.distribution,) + found.clash)}; uninstall all but one of them"
+    )
 
 
 _default: Optional[Registry] = None

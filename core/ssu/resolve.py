@@ -39,8 +39,7 @@ class Resolution:
     trace: tuple
 
     def explain(self) -> str:
-        lines = [f"problem: {self.problem.describe()}",
-                 f"requested: {', '.join(self.requested)} (from {self.source})"]
+        lines = [f"problem: {self.problem.describe()}", f"requested: {', '.join(self.requested)} (from {self.source})"]
         for c in self.trace:
             mark = {"selected": "->", "rejected": " x", "not tried": " .", "not requested": " ."}[c.outcome]
             lines.append(f"{mark} {c.name}: {c.outcome}" + (f": {c.reason}" if c.reason else ""))
@@ -70,16 +69,18 @@ def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -
     options = validated_options(loaded, config)
     availability = loaded.probe(problem.device)
     if not availability.available:
-        raise BackendUnavailableError(f"backend {name!r} is installed but unavailable on {problem.device}: "
-                                      f"{availability.message()}")
+        raise BackendUnavailableError(
+            f"backend {name!r} is installed but unavailable on {problem.device}: {availability.message()}"
+        )
     reasons = loaded.spec.capabilities.check(problem)
     if not reasons:
         verdict = loaded.hook.ssu_supports(problem=problem, options=options)
         if verdict is not None and not verdict.ok:
             reasons = list(verdict.reasons) or ["rejected by its ssu_supports hook"]
     if reasons:
-        raise BackendUnavailableError(f"backend {name!r} does not support this problem ({problem.describe()}): "
-                                      + "; ".join(reasons))
+        raise BackendUnavailableError(
+            f"backend {name!r} does not support this problem ({problem.describe()}): " + "; ".join(reasons)
+        )
     return loaded, options
 
 
@@ -89,8 +90,10 @@ def check_option_tables(config: Config, registry: Registry) -> None:
     for name in config.backends:
         if name not in known:
             where = f"{config.path}: " if config.path else ""
-            raise ConfigError(f"{where}ssu.backends.{name}: no backend named {name!r}{did_you_mean(name, known)}; "
-                              f"known backends: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{where}ssu.backends.{name}: no backend named {name!r}{did_you_mean(name, known)}; "
+                f"known backends: {', '.join(sorted(known))}"
+            )
 
 
 def check_backend_names(config: Config, registry: Registry) -> None:
@@ -137,12 +140,13 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
             trace.append(Candidate(name, "rejected", str(exc)))
             continue
         trace.append(Candidate(name, "selected"))
-        trace.extend(Candidate(rest, "not tried", f"{name} comes first") for rest in order[i + 1:])
+        trace.extend(Candidate(rest, "not tried", f"{name} comes first") for rest in order[i + 1 :])
         return loaded, options, Resolution(requested, config.source, problem, name, tuple(trace))
     details = "\n".join(f"  - {c.name}: {c.reason}" for c in trace if c.outcome == "rejected")
     raise BackendUnavailableError(
         f"no backend of {', '.join(requested)} can serve this problem ({problem.describe()}):\n{details}",
-        resolution=Resolution(requested, config.source, problem, None, tuple(trace)))
+        resolution=Resolution(requested, config.source, problem, None, tuple(trace)),
+    )
 
 
 def _alternatives(refused: str, problem: Problem, config: Config, registry: Registry) -> str:
@@ -166,11 +170,21 @@ def explain(config: Config, problem: Problem, registry: Registry) -> Resolution:
     try:
         resolution = resolve(config, problem, registry)[2]
     except BackendUnavailableError as exc:
-        resolution = exc.resolution or Resolution(config.candidates, config.source, problem, None,
-                                                  (Candidate(", ".join(config.candidates), "rejected", str(exc)),))
+        resolution = exc.resolution or Resolution(
+            config.candidates,
+            config.source,
+            problem,
+            None,
+            (Candidate(", ".join(config.candidates), "rejected", str(exc)),),
+        )
     except BackendError as exc:
-        resolution = Resolution(config.candidates, config.source, problem, None,
-                                (Candidate(", ".join(config.candidates), "rejected", str(exc)),))
+        resolution = Resolution(
+            config.candidates,
+            config.source,
+            problem,
+            None,
+            (Candidate(", ".join(config.candidates), "rejected", str(exc)),),
+        )
     seen = {c.name for c in resolution.trace}
     others = []
     for name in sorted(registry.discover(), key=lambda n: (n == RESERVED, n)):

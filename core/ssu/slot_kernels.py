@@ -24,7 +24,6 @@ def pdl_capable(device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-
 @triton.jit
 def _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots, T: tl.constexpr):
     """The rows of a commit that move (a real slot, 1 <= accepted <= T), and their slots and counts;
@@ -35,15 +34,28 @@ def _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, 
     accepted = tl.load(accepted_ptr + offs, mask=real, other=1).to(tl.int64)
     counted = (accepted >= 1) & (accepted <= T)
     outside = in_batch & ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id)
-    keys = tl.where(outside, (offs.to(tl.int64) << 34) | (slot & 0xFFFFFFFF),
-                    (offs.to(tl.int64) << 34) | (2 << 32) | (accepted & 0xFFFFFFFF))
+    keys = tl.where(
+        outside,
+        (offs.to(tl.int64) << 34) | (slot & 0xFFFFFFFF),
+        (offs.to(tl.int64) << 34) | (2 << 32) | (accepted & 0xFFFFFFFF),
+    )
     tl.atomic_min(faults_ptr + 0 * offs, keys, mask=outside | (real & ~counted))
     return real & counted, tl.where(real, slot, 0), accepted
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots"])
-def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, faults_ptr, batch, pad_slot_id, num_slots,
-                  K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def commit_kernel(
+    cursor_ptr,
+    slots_ptr,
+    accepted_ptr,
+    faults_ptr,
+    batch,
+    pad_slot_id,
+    num_slots,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """cursor[slot] = (cursor[slot] + num_accepted) % K for every row that moves: one launch. With
     ``PDL``, as the step: the next kernel may be scheduled at once, nothing is read before the
     previous kernel (the step that read these cursors) has finished."""
@@ -51,14 +63,14 @@ def commit_kernel(cursor_ptr, slots_ptr, accepted_ptr, faults_ptr, batch, pad_sl
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    moved, slot, accepted = _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots,
-                                         K - 1)
+    moved, slot, accepted = _commit_rows(
+        slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots, K - 1
+    )
     cur = tl.load(cursor_ptr + slot, mask=moved, other=0)
     tl.store(cursor_ptr + slot, ((cur + accepted) % K).to(cursor_ptr.dtype.element_ty), mask=moved)
 
 
-def commit(cursor, slots, num_accepted, faults, *, pad_slot_id: int, num_slots: int, versions: int,
-           pdl: bool = False):
+def commit(cursor, slots, num_accepted, faults, *, pad_slot_id: int, num_slots: int, versions: int, pdl: bool = False):
     """Move the cursors of a speculative step's slots (a single launch, graph capturable), with
     programmatic dependent launch where ``pdl`` asks and the GPU has it (compute capability 9.0
     or newer), so that in a graph the commit and the next step do not each wait for a launch.
@@ -66,22 +78,38 @@ def commit(cursor, slots, num_accepted, faults, *, pad_slot_id: int, num_slots: 
     b = slots.shape[0]
     block = min(1024, triton.next_power_of_2(b))
     pdl = bool(pdl) and pdl_capable(cursor.device)
-    return commit_kernel[(triton.cdiv(b, block),)](cursor, slots, num_accepted, faults, b, pad_slot_id, num_slots,
-                                                   K=versions, BLOCK=block, PDL=pdl, launch_pdl=pdl)
+    return commit_kernel[(triton.cdiv(b, block),)](
+        cursor, slots, num_accepted, faults, b, pad_slot_id, num_slots, K=versions, BLOCK=block, PDL=pdl, launch_pdl=pdl
+    )
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots"])
-def copy_drafts_kernel(cache_ptr, draft_ptr, slots_ptr, accepted_ptr, faults_ptr, batch, pad_slot_id, num_slots,
-                       c_slot, d_slot, d_ver, T: tl.constexpr, NUMEL: tl.constexpr, BLOCK: tl.constexpr,
-                       RECORD: tl.constexpr):
+def copy_drafts_kernel(
+    cache_ptr,
+    draft_ptr,
+    slots_ptr,
+    accepted_ptr,
+    faults_ptr,
+    batch,
+    pad_slot_id,
+    num_slots,
+    c_slot,
+    d_slot,
+    d_ver,
+    T: tl.constexpr,
+    NUMEL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RECORD: tl.constexpr,
+):
     """cache[slot] = draft[slot, accepted - 1] for the row of this program, if it moves; with
     ``RECORD`` (the first layer of the commit) the refused rows are recorded too."""
     row = tl.program_id(0)
     block = tl.program_id(1)
     offs = row + tl.arange(0, 1)
     if RECORD:
-        moved, slot, accepted = _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id,
-                                             num_slots, T)
+        moved, slot, accepted = _commit_rows(
+            slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots, T
+        )
     else:
         in_batch = offs < batch
         slot = tl.load(slots_ptr + offs).to(tl.int64)
@@ -105,6 +133,20 @@ def copy_drafts(cache, draft, slots, num_accepted, faults, *, pad_slot_id: int, 
     numel = cache[0].numel()
     block = min(4096, triton.next_power_of_2(numel))
     grid = (b, triton.cdiv(numel, block))
-    return copy_drafts_kernel[grid](cache, draft, slots, num_accepted, faults, b, pad_slot_id, num_slots,
-                                    cache.stride(0), draft.stride(0), draft.stride(1), T=draft.shape[1],
-                                    NUMEL=numel, BLOCK=block, RECORD=record)
+    return copy_drafts_kernel[grid](
+        cache,
+        draft,
+        slots,
+        num_accepted,
+        faults,
+        b,
+        pad_slot_id,
+        num_slots,
+        cache.stride(0),
+        draft.stride(0),
+        draft.stride(1),
+        T=draft.shape[1],
+        NUMEL=numel,
+        BLOCK=block,
+        RECORD=record,
+    )

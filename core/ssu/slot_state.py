@@ -57,8 +57,16 @@ def allocate(problem, num_layers: int, backend: str) -> State:
     import torch
 
     p = problem
-    ssm = torch.zeros(num_layers, p.num_slots + 1, versions(p), p.nheads, p.headdim, p.dstate,
-                      dtype=to_torch(p.state_dtype), device=p.device)
+    ssm = torch.zeros(
+        num_layers,
+        p.num_slots + 1,
+        versions(p),
+        p.nheads,
+        p.headdim,
+        p.dstate,
+        dtype=to_torch(p.state_dtype),
+        device=p.device,
+    )
     buffers = {"ssm": ssm}
     if p.speculative:
         buffers["cursor"] = torch.zeros(p.num_slots + 1, dtype=torch.int32, device=p.device)
@@ -74,8 +82,16 @@ def adopt(problem, cache: tuple, backend: str) -> State:
     buffers = {}
     own = [t.unsqueeze(1) for t in cache]
     if p.speculative:
-        draft = torch.zeros(len(cache), p.num_slots, p.tokens_per_step, p.nheads, p.headdim, p.dstate,
-                            dtype=to_torch(p.state_dtype), device=p.device)
+        draft = torch.zeros(
+            len(cache),
+            p.num_slots,
+            p.tokens_per_step,
+            p.nheads,
+            p.headdim,
+            p.dstate,
+            dtype=to_torch(p.state_dtype),
+            device=p.device,
+        )
         buffers["draft"] = draft
         views = [LayerViews(read, draft[layer]) for layer, read in enumerate(own)]
     else:

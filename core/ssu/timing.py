@@ -10,8 +10,9 @@ import statistics
 from typing import Callable, Sequence
 
 
-def graph_time_us(launches: Sequence[Callable[[], object]], *, replays: int = 7, warmup: int = 2,
-                  min_launches: int = 1) -> float:
+def graph_time_us(
+    launches: Sequence[Callable[[], object]], *, replays: int = 7, warmup: int = 2, min_launches: int = 1
+) -> float:
     """Median microseconds per launch of ``launches`` captured once into a CUDA graph.
 
     Every callable is run ``warmup`` times eagerly first (compiles, allocator warm-up), then the
@@ -21,7 +22,7 @@ def graph_time_us(launches: Sequence[Callable[[], object]], *, replays: int = 7,
     import torch
 
     launches = list(launches)
-    launches = (launches * -(-min_launches // len(launches)))[:max(min_launches, len(launches))]
+    launches = (launches * -(-min_launches // len(launches)))[: max(min_launches, len(launches))]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -40,8 +40,11 @@ _STRIDED = tuple(_POSITIONS[n] for n in ("out", *contract.PER_HEAD))
 
 def _python_key(tensors) -> tuple:
     """A signature as a Python key: what the guards compare."""
-    return (tuple((t.shape, t.dtype, t.device) for t in tensors)
-            + tuple(tensors[i].stride()[1:] for i in _STRIDED) + (tensors[_POSITIONS["out"]].stride()[:1],))
+    return (
+        tuple((t.shape, t.dtype, t.device) for t in tensors)
+        + tuple(tensors[i].stride()[1:] for i in _STRIDED)
+        + (tensors[_POSITIONS["out"]].stride()[:1],)
+    )
 
 
 class Signatures:
@@ -68,8 +71,10 @@ class Signatures:
     def arguments() -> str:
         """Source of the tensor arguments of :meth:`seen` and :meth:`add`, placeholders
         (``NONE_<name>``) standing for absent optional ones: what a generated step passes."""
-        return ", ".join(f"{n} if {n} is not None else NONE_{n}" if n in contract.OPTIONAL_TENSORS else n
-                         for n in contract.TENSOR_NAMES)
+        return ", ".join(
+            f"{n} if {n} is not None else NONE_{n}" if n in contract.OPTIONAL_TENSORS else n
+            for n in contract.TENSOR_NAMES
+        )
 
     def seen(self, *tensors) -> bool:
         """Whether the call's tensors (placeholders for absent ones) match a remembered signature."""
@@ -94,8 +99,9 @@ class Signatures:
             for i in _STRIDED[1:]:
                 strides[i][1:] = list(tensors[i].stride()[1:])
             try:
-                entry = self._guard_class(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                          dynamic_dims_strides=strides)
+                entry = self._guard_class(
+                    *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors], dynamic_dims_strides=strides
+                )
             except Exception:  # a torch whose guard class takes other arguments: the Python key
                 self._guard_class = None
                 self._entries.clear()
@@ -132,8 +138,10 @@ class Checker:
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name}: expected a torch.Tensor{what}, got {type(t).__name__}")
         if not self._device_ok(t):
-            raise InputError(f"{name}: expected a tensor on {self.problem.device} (the kernel's device), "
-                             f"got one on {t.device}; move it with .to({self.problem.device!r})")
+            raise InputError(
+                f"{name}: expected a tensor on {self.problem.device} (the kernel's device), "
+                f"got one on {t.device}; move it with .to({self.problem.device!r})"
+            )
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise InputError(f"{name}: expected shape {want}{what}, got {tuple(t.shape)}")
@@ -148,16 +156,19 @@ class Checker:
 
         expanded = shape + tied
         if isinstance(t, torch.Tensor) and t.dim() == len(expanded) and tuple(t.shape) == expanded:
-            along = t.stride()[len(shape):]
+            along = t.stride()[len(shape) :]
             if any(along):
                 raise InputError(
                     f"{name}: varies along its last {len(tied)} dimension(s) (strides {along}, not 0): ssu serves "
                     f"Mamba2's per-head {name}, {self._shape(shape)} or its expansion with stride 0; untied "
-                    "parameters (Mamba-1 layers) are not served")
+                    "parameters (Mamba-1 layers) are not served"
+                )
             if not self.capabilities.tied_inputs:
-                raise InputError(f"{name}: backend {self.backend!r} takes it per head, {self._shape(shape)}; pass "
-                                 f"{name}[{', '.join([':'] * len(shape) + ['0'] * len(tied))}] (its expansion "
-                                 "over the head dimension is not served by this backend)")
+                raise InputError(
+                    f"{name}: backend {self.backend!r} takes it per head, {self._shape(shape)}; pass "
+                    f"{name}[{', '.join([':'] * len(shape) + ['0'] * len(tied))}] (its expansion "
+                    "over the head dimension is not served by this backend)"
+                )
             self.tensor(name, t, expanded, dtypes)
             return
         self.tensor(name, t, shape, dtypes)
@@ -168,14 +179,20 @@ class Checker:
 
     def state(self, state: Any, layer: Any) -> None:
         if not isinstance(state, State):
-            raise InputError(f"state: expected the ssu.State returned by kernel.allocate_state or kernel.adopt_state, "
-                             f"got {type(state).__name__}")
+            raise InputError(
+                f"state: expected the ssu.State returned by kernel.allocate_state or kernel.adopt_state, "
+                f"got {type(state).__name__}"
+            )
         if state.backend != self.backend or state.problem != self.problem:
-            raise InputError(f"state: it belongs to a kernel for backend {state.backend!r} and problem "
-                             f"{state.problem.describe()}; this kernel is {self.backend!r} for {self.problem.describe()}")
+            raise InputError(
+                f"state: it belongs to a kernel for backend {state.backend!r} and problem "
+                f"{state.problem.describe()}; this kernel is {self.backend!r} for {self.problem.describe()}"
+            )
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < state.num_layers:
-            raise InputError(f"layer: expected an integer in [0, {state.num_layers}) for a state of "
-                             f"{state.num_layers} layer(s), got {layer!r}")
+            raise InputError(
+                f"layer: expected an integer in [0, {state.num_layers}) for a state of "
+                f"{state.num_layers} layer(s), got {layer!r}"
+            )
 
     def slots(self, slots: Any, name: str = "slots", max_len: Optional[int] = None):
         import torch
@@ -200,8 +217,10 @@ class Checker:
                     continue
                 raise InputError(f"{name}[{i}] = {s}: the pad id of this problem, not a slot that holds a state")
             if not 0 <= s < p.num_slots:
-                raise InputError(f"{name}[{i}] = {s}: not a slot of this cache (0..{p.num_slots - 1}"
-                                 f"{f' or pad id {p.pad_slot_id}' if allow_pad else ''})")
+                raise InputError(
+                    f"{name}[{i}] = {s}: not a slot of this cache (0..{p.num_slots - 1}"
+                    f"{f' or pad id {p.pad_slot_id}' if allow_pad else ''})"
+                )
         real = [s for s in values if s != p.pad_slot_id]
         if unique and len(set(real)) != len(real):
             dup = sorted({s for s in real if real.count(s) > 1})
@@ -211,8 +230,7 @@ class Checker:
     def step(self, call: dict) -> None:
         """Every check of one step call (``call``: the step's arguments by name)."""
         state, x, dt, A, B, C, slots = (call[n] for n in ("state", "x", "dt", "A", "B", "C", "slots"))
-        D, z, dt_bias, dt_softplus, out, layer = (call[n] for n in ("D", "z", "dt_bias", "dt_softplus", "out",
-                                                                      "layer"))
+        D, z, dt_bias, dt_softplus, out, layer = (call[n] for n in ("D", "z", "dt_bias", "dt_softplus", "out", "layer"))
         dst_slots = call.get("dst_slots")
         p = self.problem
         self.state(state, layer)
@@ -227,11 +245,19 @@ class Checker:
                 self.tensor("x", x, (b, None, H, P), inp, what=" (batch, tokens, heads, headdim)")
             T = x.shape[1]
             if not 1 <= T <= p.tokens_per_step:
-                raise InputError(f"x: {T} tokens per sequence; expected 1 to {p.tokens_per_step} (Problem.tokens_per_step)")
+                raise InputError(
+                    f"x: {T} tokens per sequence; expected 1 to {p.tokens_per_step} (Problem.tokens_per_step)"
+                )
             lead = (b, T)
         else:
             lead = (b,)
-        self.tensor("x", x, lead + (H, P), inp, what=" (batch, tokens, heads, headdim)" if p.multi_token else " (batch, heads, headdim)")
+        self.tensor(
+            "x",
+            x,
+            lead + (H, P),
+            inp,
+            what=" (batch, tokens, heads, headdim)" if p.multi_token else " (batch, heads, headdim)",
+        )
         self.per_head("dt", dt, lead + (H,), (P,), wide)
         self.per_head("A", A, (H,), (P, N), ("fp32",))
         self.tensor("B", B, lead + (G, N), inp)
@@ -254,21 +280,32 @@ class Checker:
     def destinations(self, slots, dst_slots, b: int) -> None:
         p = self.problem
         if not self.capabilities.destination_slots:
-            raise InputError(f"dst_slots: backend {self.backend!r} writes each row's state back to the slot it read "
-                             "(no destination-slot capability); drop dst_slots, or choose a backend that declares "
-                             "destination_slots (reference, triton, flashinfer)")
+            raise InputError(
+                f"dst_slots: backend {self.backend!r} writes each row's state back to the slot it read "
+                "(no destination-slot capability); drop dst_slots, or choose a backend that declares "
+                "destination_slots (reference, triton, flashinfer)"
+            )
         if p.speculative:
-            raise InputError("dst_slots: destination slots apply to one-token steps; a speculative step keeps its "
-                             "drafts beside the slot it read until commit. Step without dst_slots, or copy the "
-                             "committed state with read_state / write_state")
-        self.tensor("dst_slots", dst_slots, (b,), (dtype_name(slots.dtype),),
-                    what=" (one destination per row, the dtype of slots)")
+            raise InputError(
+                "dst_slots: destination slots apply to one-token steps; a speculative step keeps its "
+                "drafts beside the slot it read until commit. Step without dst_slots, or copy the "
+                "committed state with read_state / write_state"
+            )
+        self.tensor(
+            "dst_slots",
+            dst_slots,
+            (b,),
+            (dtype_name(slots.dtype),),
+            what=" (one destination per row, the dtype of slots)",
+        )
 
     def commit(self, state, slots, num_accepted) -> None:
         self.state(state, 0)
         if not self.problem.speculative and not self.shared_commit:
-            raise InputError("commit: this kernel was opened with speculative=False, where step commits at once; "
-                             "open it with Problem(speculative=True, tokens_per_step=T) to verify draft tokens")
+            raise InputError(
+                "commit: this kernel was opened with speculative=False, where step commits at once; "
+                "open it with Problem(speculative=True, tokens_per_step=T) to verify draft tokens"
+            )
         b = self.slots(slots)
         self.tensor("num_accepted", num_accepted, (b,), ("int32", "int64"))
 
@@ -278,9 +315,11 @@ class Checker:
         missing = sorted(set(range(state.num_layers)) - state.stepped)
         if missing:
             done = sorted(state.stepped)
-            raise InputError(f"commit: layer(s) {missing} of this state were not stepped since the last commit "
-                             f"(stepped: {done or 'none'}); a commit moves every layer of the group, so step each "
-                             "layer once with these slots first. Nothing was committed")
+            raise InputError(
+                f"commit: layer(s) {missing} of this state were not stepped since the last commit "
+                f"(stepped: {done or 'none'}); a commit moves every layer of the group, so step each "
+                "layer once with these slots first. Nothing was committed"
+            )
 
     def accepted_values(self, num_accepted) -> None:
         T = self.problem.tokens_per_step
@@ -317,17 +356,28 @@ class Checker:
         elif isinstance(cache, (list, tuple)) and cache:
             layers, names = tuple(cache), [f"cache[{i}]" for i in range(len(cache))]
         else:
-            raise InputError("cache: expected the engine's state tensor (num_slots, H, P, N), an (L, num_slots, H, P, N) "
-                             f"tensor or a non-empty sequence of (num_slots, H, P, N) tensors, got {type(cache).__name__}")
+            raise InputError(
+                "cache: expected the engine's state tensor (num_slots, H, P, N), an (L, num_slots, H, P, N) "
+                f"tensor or a non-empty sequence of (num_slots, H, P, N) tensors, got {type(cache).__name__}"
+            )
         for name, t in zip(names, layers):
-            self.tensor(name, t, (p.num_slots, H, P, N), (p.state_dtype,),
-                        what=" (num_slots, heads, headdim, dstate) in Problem.state_dtype")
+            self.tensor(
+                name,
+                t,
+                (p.num_slots, H, P, N),
+                (p.state_dtype,),
+                what=" (num_slots, heads, headdim, dstate) in Problem.state_dtype",
+            )
             strides = t.stride()
             if strides[1:] != (P * N, N, 1) and t[:1].numel() > 1:
-                raise InputError(f"{name}: each slot's (heads, headdim, dstate) block must be contiguous (strides "
-                                 f"{(P * N, N, 1)} after the slot's), got strides {strides}; keep the engine's cache "
-                                 "in that layout (any slot stride is fine)")
+                raise InputError(
+                    f"{name}: each slot's (heads, headdim, dstate) block must be contiguous (strides "
+                    f"{(P * N, N, 1)} after the slot's), got strides {strides}; keep the engine's cache "
+                    "in that layout (any slot stride is fine)"
+                )
             if p.num_slots > 1 and strides[0] < H * P * N:
-                raise InputError(f"{name}: a slot stride of {strides[0]} values is less than one slot's {H * P * N}: "
-                                 "slots would overlap; give each slot its own block")
+                raise InputError(
+                    f"{name}: a slot stride of {strides[0]} values is less than one slot's {H * P * N}: "
+                    "slots would overlap; give each slot its own block"
+                )
         return layers

@@ -37,8 +37,9 @@ def pad_slot(num_slots: int) -> int:
     return num_slots
 
 
-def advance_torch(ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int,
-                  num_slots: int) -> None:
+def advance_torch(
+    ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int, num_slots: int
+) -> None:
     """The rule with torch ops, in place, for the rows of ``slots`` that name a slot of the cache
     with 1 <= accepted <= tokens; the others, if not pad rows, are recorded in ``record``."""
     import torch
@@ -69,8 +70,19 @@ def _triton_kernel():
         import triton.language as tl
 
         @triton.jit
-        def advance_kernel(ring_start, pnat, slots, accepted, record, batch, pad_slot_id, num_slots,
-                           TOKENS: tl.constexpr, MAX_WINDOW: tl.constexpr, BLOCK: tl.constexpr):
+        def advance_kernel(
+            ring_start,
+            pnat,
+            slots,
+            accepted,
+            record,
+            batch,
+            pad_slot_id,
+            num_slots,
+            TOKENS: tl.constexpr,
+            MAX_WINDOW: tl.constexpr,
+            BLOCK: tl.constexpr,
+        ):
             rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             inside = rows < batch
             slot = tl.load(slots + rows, mask=inside, other=pad_slot_id).to(tl.int64)
@@ -78,8 +90,11 @@ def _triton_kernel():
             acc = tl.load(accepted + rows, mask=real, other=1).to(tl.int64)
             counted = (acc >= 1) & (acc <= TOKENS)
             outside = inside & ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id)
-            keys = tl.where(outside, (rows.to(tl.int64) << 34) | (slot & 0xFFFFFFFF),
-                            (rows.to(tl.int64) << 34) | (2 << 32) | (acc & 0xFFFFFFFF))
+            keys = tl.where(
+                outside,
+                (rows.to(tl.int64) << 34) | (slot & 0xFFFFFFFF),
+                (rows.to(tl.int64) << 34) | (2 << 32) | (acc & 0xFFFFFFFF),
+            )
             tl.atomic_min(record + 0 * rows, keys, mask=outside | (real & ~counted))
             live = real & counted
             slot = tl.where(live, slot, 0)
@@ -106,11 +121,23 @@ def triton_usable(device_type: str) -> bool:
     return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def advance_triton(ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int,
-                   num_slots: int) -> None:
+def advance_triton(
+    ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int, num_slots: int
+) -> None:
     """The rule in one Triton launch (no host synchronisation), in place, with the same guards."""
     batch = slots.shape[0]
     block = 128 if batch > 64 else 64
     grid = ((batch + block - 1) // block,)
-    _triton_kernel()[grid](ring_start, pnat, slots, accepted, record, batch, pad_slot_id, num_slots,
-                           TOKENS=tokens, MAX_WINDOW=max_window, BLOCK=block)
+    _triton_kernel()[grid](
+        ring_start,
+        pnat,
+        slots,
+        accepted,
+        record,
+        batch,
+        pad_slot_id,
+        num_slots,
+        TOKENS=tokens,
+        MAX_WINDOW=max_window,
+        BLOCK=block,
+    )

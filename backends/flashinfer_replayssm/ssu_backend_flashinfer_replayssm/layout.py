@@ -74,9 +74,9 @@ def replay(checkpoint, x_rows, B_rows, d_rows, A, start, count, ring: int, heads
     A = A.float().to(s.device)
     for i in range(steps):
         row = (start.long() + i) % ring
-        x = x_rows[batch, :, row].float()                                     # (b, H, P)
+        x = x_rows[batch, :, row].float()  # (b, H, P)
         Bg = B_rows[batch, :, row].float().repeat_interleave(heads_per_group, dim=1)  # (b, H, N)
-        d = d_rows[batch, :, row].float()                                     # (b, H)
+        d = d_rows[batch, :, row].float()  # (b, H)
         nxt = s * torch.exp(A * d)[:, :, None, None] + (d[:, :, None] * x)[..., None] * Bg[:, :, None, :]
         live = (i < count).view(b, 1, 1, 1)
         s = torch.where(live, nxt, s)
@@ -108,10 +108,21 @@ def read(state: State, slots, layer: int, tokens: int, max_window: int):
         return checkpoint.float()
     A = record(state).A.get(layer)
     if A is None:
-        raise BackendError(f"backend 'flashinfer-replayssm': layer {layer} has tokens in its ring but no step "
-                           "of this process recorded its A (needed to replay them); step the layer first")
-    return replay(checkpoint, buf["x_cache"][layer, idx], buf["B_cache"][layer, idx], buf["dt_cache"][layer, idx],
-                  A, buf["ring_start"][idx], count, buf["x_cache"].shape[3], p.heads_per_group)
+        raise BackendError(
+            f"backend 'flashinfer-replayssm': layer {layer} has tokens in its ring but no step "
+            "of this process recorded its A (needed to replay them); step the layer first"
+        )
+    return replay(
+        checkpoint,
+        buf["x_cache"][layer, idx],
+        buf["B_cache"][layer, idx],
+        buf["dt_cache"][layer, idx],
+        A,
+        buf["ring_start"][idx],
+        count,
+        buf["x_cache"].shape[3],
+        p.heads_per_group,
+    )
 
 
 def write(state: State, slots, values, layer: int, tokens: int, max_window: int) -> None:

@@ -18,10 +18,12 @@ CACHE_ENV = "SSU_REPLAYSSM_TUNING_CACHE"
 
 def _batches(value) -> tuple:
     """``tuning_batches``: a list of positive batch sizes (empty: FlashInfer's own buckets)."""
-    if not isinstance(value, (list, tuple)) or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
-                                                   for b in value):
-        raise ConfigError(f"tuning_batches={value!r} is not valid; give a list of positive batch sizes, "
-                          "e.g. [64, 128, 256]")
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in value
+    ):
+        raise ConfigError(
+            f"tuning_batches={value!r} is not valid; give a list of positive batch sizes, e.g. [64, 128, 256]"
+        )
     return tuple(sorted(set(value)))
 
 

@@ -29,11 +29,20 @@ def ssu_backend():
         name=NAME,
         api_version="1.2",
         factory=_factory,
-        capabilities=ssu.Capabilities(devices={"cuda"}, state_dtypes={"fp32", "bf16", "fp16"}, input_dtypes={"bf16"},
-                                      max_tokens_per_step=MAX_WINDOW, speculative=True, headdims=HEADDIMS,
-                                      dstates=DSTATES,
-                                      cuda_graphs=True, layers_share_commit=True, any_pad_slot_id=True,
-                                      guards_slots=True, tied_inputs=True),
+        capabilities=ssu.Capabilities(
+            devices={"cuda"},
+            state_dtypes={"fp32", "bf16", "fp16"},
+            input_dtypes={"bf16"},
+            max_tokens_per_step=MAX_WINDOW,
+            speculative=True,
+            headdims=HEADDIMS,
+            dstates=DSTATES,
+            cuda_graphs=True,
+            layers_share_commit=True,
+            any_pad_slot_id=True,
+            guards_slots=True,
+            tied_inputs=True,
+        ),
         options_class=ReplayOptions,
         description="FlashInfer ReplaySSM (checkpointing_ssu): checkpoint + ring of recent inputs, cursor commits",
         url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_replayssm",
@@ -53,8 +62,10 @@ def problem_reasons(problem, options) -> list[str]:
     reasons = []
     T = problem.tokens_per_step
     if options.max_window < T:
-        reasons.append(f"max_window={options.max_window} is below tokens_per_step={T}: the ring must hold a whole "
-                       f"step; set max_window between {T} and {MAX_WINDOW}")
+        reasons.append(
+            f"max_window={options.max_window} is below tokens_per_step={T}: the ring must hold a whole "
+            f"step; set max_window between {T} and {MAX_WINDOW}"
+        )
     return reasons
 
 
@@ -86,9 +97,11 @@ def ssu_commit(ctx, state, slots, num_accepted):
     from .translate import commit
 
     if not ctx.problem.speculative and ctx.options.commit_on_last_layer:
-        raise InputError("commit: with speculation off, backend 'flashinfer-replayssm' commits at the step of the "
-                         "group's last layer (option commit_on_last_layer = true); set commit_on_last_layer = false "
-                         "in [ssu.backends.flashinfer-replayssm] to commit explicitly")
+        raise InputError(
+            "commit: with speculation off, backend 'flashinfer-replayssm' commits at the step of the "
+            "group's last layer (option commit_on_last_layer = true); set commit_on_last_layer = false "
+            "in [ssu.backends.flashinfer-replayssm] to commit explicitly"
+        )
     commit(ctx.scratch, ctx.scratch["advance"], state, slots, num_accepted)
 
 

@@ -22,8 +22,9 @@ from ssu_backend_flashinfer.translate import per_head, real_ids, record_outside,
 from . import cursors, layout
 
 
-def cs_arguments(problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, rows,
-                 scratch_trio) -> dict:
+def cs_arguments(
+    problem, options, buffers, layer, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, rows, scratch_trio
+) -> dict:
     """Keyword arguments of ``flashinfer.mamba.checkpointing_ssu`` for one call of ``layer``.
 
     ``x``, ``dt``, ``B``, ``C``, ``z`` and ``out`` carry the token axis; ``rows`` are the cache rows
@@ -68,9 +69,13 @@ def allocate_scratch(problem, options, record=None) -> dict:
         "trio": None,
         "rows_for": None,
         "triton_rows": rows_triton.usable(p.device_type),
-        "rows": {dtype: dict(row_buffers(p, dtype, dev),
-                             pad_row=torch.full((), cursors.pad_slot(p.num_slots), dtype=dtype, device=dev))
-                 for dtype in (torch.int32, torch.int64)},
+        "rows": {
+            dtype: dict(
+                row_buffers(p, dtype, dev),
+                pad_row=torch.full((), cursors.pad_slot(p.num_slots), dtype=dtype, device=dev),
+            )
+            for dtype in (torch.int32, torch.int64)
+        },
         "zero_D": torch.zeros(p.nheads, dtype=torch.float32, device=dev),
         "ones": torch.ones(p.max_batch, dtype=torch.int32, device=dev),
         "advance": make_advance(p, options, record),
@@ -78,8 +83,9 @@ def allocate_scratch(problem, options, record=None) -> dict:
     if options.algorithm != "monolith" and p.device_type == "cuda":
         from flashinfer.mamba import allocate_checkpointing_ssu_scratch
 
-        scratch["trio"] = allocate_checkpointing_ssu_scratch(p.max_batch, p.nheads, p.tokens_per_step,
-                                                             options.max_window, torch.bfloat16, dev)
+        scratch["trio"] = allocate_checkpointing_ssu_scratch(
+            p.max_batch, p.nheads, p.tokens_per_step, options.max_window, torch.bfloat16, dev
+        )
     return scratch
 
 
@@ -95,8 +101,18 @@ def cache_rows(scratch, problem, slots, record):
     if scratch["triton_rows"]:
         from ssu_backend_flashinfer import rows_triton
 
-        rows_triton.launch(slots, None, None, rows, None, record, num_slots=problem.num_slots,
-                           pad_slot_id=problem.pad_slot_id, pad_read=cursors.pad_slot(problem.num_slots), sink=0)
+        rows_triton.launch(
+            slots,
+            None,
+            None,
+            rows,
+            None,
+            record,
+            num_slots=problem.num_slots,
+            pad_slot_id=problem.pad_slot_id,
+            pad_read=cursors.pad_slot(problem.num_slots),
+            sink=0,
+        )
     else:
         real = real_ids(buf, slots, problem.num_slots, problem.pad_slot_id, buf["real"][:b])
         record_outside(buf, record, slots, real, faults.SLOTS, problem.pad_slot_id)
@@ -110,8 +126,12 @@ def make_advance(problem, options, record):
     Rows with a slot outside the cache or a count outside 1..T move nothing and are recorded in
     ``record``."""
     impl = cursors.advance_triton if cursors.triton_usable(problem.device_type) else cursors.advance_torch
-    fields = dict(tokens=problem.tokens_per_step, max_window=options.max_window,
-                  pad_slot_id=problem.pad_slot_id, num_slots=problem.num_slots)
+    fields = dict(
+        tokens=problem.tokens_per_step,
+        max_window=options.max_window,
+        pad_slot_id=problem.pad_slot_id,
+        num_slots=problem.num_slots,
+    )
 
     def advance(state, slots, accepted) -> None:
         impl(state.buffers["ring_start"], state.buffers["pnat"], slots, accepted, record, **fields)
@@ -146,15 +166,18 @@ def make_step(ctx):
     record = ctx.faults
     converted = WeightCache()
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
-             dst_slots=None):
+    def step(
+        state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None
+    ):
         if out is None:
             out = torch.empty_like(x)
         if multi:
             if x.shape[1] != T:
-                raise InputError(f"x: {x.shape[1]} tokens per sequence; backend 'flashinfer-replayssm' is "
-                                 f"compiled for exactly tokens_per_step={T} (the ring holds max_window + T rows); "
-                                 f"pad the drafts to {T} tokens, or open a kernel with that tokens_per_step")
+                raise InputError(
+                    f"x: {x.shape[1]} tokens per sequence; backend 'flashinfer-replayssm' is "
+                    f"compiled for exactly tokens_per_step={T} (the ring holds max_window + T rows); "
+                    f"pad the drafts to {T} tokens, or open a kernel with that tokens_per_step"
+                )
             x4, dt3, B4, C4, z4, out4 = x, dt, B, C, z, out
         else:
             x4, dt3, B4, C4, out4 = x.unsqueeze(1), dt.unsqueeze(1), B.unsqueeze(1), C.unsqueeze(1), out.unsqueeze(1)
@@ -163,8 +186,11 @@ def make_step(ctx):
         if dt_bias is not None and dt_bias.dtype != torch.float32:
             dt_bias = converted(per_head(dt_bias), torch.float32)
         rows = cache_rows(scratch, p, slots, record)
-        checkpointing_ssu(**cs_arguments(p, options, state.buffers, layer, x4, dt3, A, B4, C4, D, z4, dt_bias,
-                                         dt_softplus, out4, rows, trio))
+        checkpointing_ssu(
+            **cs_arguments(
+                p, options, state.buffers, layer, x4, dt3, A, B4, C4, D, z4, dt_bias, dt_softplus, out4, rows, trio
+            )
+        )
         rec = layout.record(state)
         rec.A[layer] = A
         rec.pending_layers.add(layer)

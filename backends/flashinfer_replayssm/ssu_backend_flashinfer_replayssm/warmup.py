@@ -58,9 +58,11 @@ def synchronize(problem) -> None:
 
 def module_name(problem, options, index_dtype: str) -> str:
     p = problem
-    return (f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} P={p.headdim} "
-            f"N={p.dstate} heads/group={p.heads_per_group} groups={p.ngroups} T={p.tokens_per_step} "
-            f"max_window={options.max_window}")
+    return (
+        f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} P={p.headdim} "
+        f"N={p.dstate} heads/group={p.heads_per_group} groups={p.ngroups} T={p.tokens_per_step} "
+        f"max_window={options.max_window}"
+    )
 
 
 def private_call(ctx, batch: int, index_dtype, algorithm: str):
@@ -78,8 +80,24 @@ def private_call(ctx, batch: int, index_dtype, algorithm: str):
     gen = torch.Generator().manual_seed(0)
     inputs = step_inputs(attrs.evolve(small, speculative=True), rows, gen, tokens=p.tokens_per_step)
     out = torch.empty_like(inputs.x)
-    kwargs = cs_arguments(small, options, state.buffers, 0, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C,
-                          inputs.D, inputs.z, inputs.dt_bias.float(), True, out, rows, scratch["trio"])
+    kwargs = cs_arguments(
+        small,
+        options,
+        state.buffers,
+        0,
+        inputs.x,
+        inputs.dt,
+        inputs.A,
+        inputs.B,
+        inputs.C,
+        inputs.D,
+        inputs.z,
+        inputs.dt_bias.float(),
+        True,
+        out,
+        rows,
+        scratch["trio"],
+    )
     return lambda: checkpointing_ssu(**kwargs)
 
 
@@ -174,16 +192,20 @@ def tune(ctx) -> str:
     ctx.memo["tuned"] = profiled
     which = f"batches {list(batches)}" if batches else f"batches up to {ctx.problem.max_batch}"
     if failures and not profiled:
-        return (f"FlashInfer could not profile any {OP} tactic for {which} (first failure: {failures[0]}); "
-                "steps use FlashInfer's built-in kernel choice, and the next process tries again. If the failure "
-                "names a missing source under flashinfer/data/csrc, reinstall flashinfer-python with its data "
-                "files; or set autotune = false (and algorithm = \"monolith\" on Hopper) to skip tuning")
+        return (
+            f"FlashInfer could not profile any {OP} tactic for {which} (first failure: {failures[0]}); "
+            "steps use FlashInfer's built-in kernel choice, and the next process tries again. If the failure "
+            "names a missing source under flashinfer/data/csrc, reinstall flashinfer-python with its data "
+            'files; or set autotune = false (and algorithm = "monolith" on Hopper) to skip tuning'
+        )
     if profiled:
         saved = saved_entries(path)  # FlashInfer saved on leaving the context (it refuses a foreign file)
         if not saved:
-            return (f"tuned for {which} in {took:.1f} s, but FlashInfer's tuning file {path} holds no {OP} entry "
-                    "(FlashInfer does not save over a file from another environment; it logs a warning): the next "
-                    "process tunes again")
+            return (
+                f"tuned for {which} in {took:.1f} s, but FlashInfer's tuning file {path} holds no {OP} entry "
+                "(FlashInfer does not save over a file from another environment; it logs a warning): the next "
+                "process tunes again"
+            )
         failed = f"; {len(failures)} tactic(s) failed to profile, first: {failures[0]}" if failures else ""
         entries = "entry" if saved == 1 else "entries"
         return f"tuned for {which} in {took:.1f} s; {saved} {entries} saved to {path}{failed}"

@@ -1,16 +1,15 @@
 """ReplaySSM backend tests: CPU ones always (the real kernel replaced by :mod:`emulation`); GPU
-ones (marker ``gpu``) only with CUDA (the
-repository's conftest.py skips them otherwise)."""
+ones (marker ``gpu``) only with CUDA (ssu-core's pytest plugin skips them otherwise)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import os
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+if not torch.cuda.is_available():  # the Triton launches of the cache rows run in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

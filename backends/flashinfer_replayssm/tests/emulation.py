@@ -27,9 +27,31 @@ def _require(condition: bool, message: str) -> None:
         raise RuntimeError(f"checkpointing_ssu (emulated): {message}")
 
 
-def checkpointing_ssu(state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out,
-                      D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1,
-                      algorithm="auto", cb_scaled=None, cumAdt_vec=None, cb_old=None, **unused):
+def checkpointing_ssu(
+    state,
+    x_cache,
+    B_cache,
+    dt_cache,
+    ring_start,
+    prev_num_accepted_tokens,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    out,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    state_batch_indices=None,
+    pad_slot_id=-1,
+    algorithm="auto",
+    cb_scaled=None,
+    cumAdt_vec=None,
+    cb_old=None,
+    **unused,
+):
     cache, H, P, N = state.shape
     b, T = x.shape[:2]
     G = B.shape[2]
@@ -68,7 +90,10 @@ def checkpointing_ssu(state, x_cache, B_cache, dt_cache, ring_start, prev_num_ac
             row = (r0 + k) % L
             d = dt_cache[c, :, row]
             Bh = B_cache[c, :, row].float().repeat_interleave(hpg, 0)
-            s = s * torch.exp(a * d)[:, None, None] + (d[:, None] * x_cache[c, :, row].float())[..., None] * Bh[:, None, :]
+            s = (
+                s * torch.exp(a * d)[:, None, None]
+                + (d[:, None] * x_cache[c, :, row].float())[..., None] * Bh[:, None, :]
+            )
         replayed = s
         for t in range(T):
             d = dt[i, t, :, 0].float() + (0 if dt_bias is None else dt_bias[:, 0].float())
@@ -107,7 +132,10 @@ def _probe(device):
 
 def emulated_plugin():
     """The real plugin's hooks, but named ``replayssm-emulated`` and running on the CPU."""
-    hooks = {name: getattr(real_plugin, name) for name in dir(real_plugin)
-             if name.startswith("ssu_") and callable(getattr(real_plugin, name))}
+    hooks = {
+        name: getattr(real_plugin, name)
+        for name in dir(real_plugin)
+        if name.startswith("ssu_") and callable(getattr(real_plugin, name))
+    }
     hooks.update(ssu_backend=_backend, ssu_probe=_probe)
     return types.SimpleNamespace(__name__="replayssm_emulated", **hooks)

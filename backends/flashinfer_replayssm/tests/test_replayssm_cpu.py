@@ -27,8 +27,17 @@ SECTION = "ssu.backends.flashinfer-replayssm"
 
 
 def problem(**fields):
-    base = dict(nheads=4, headdim=32, dstate=64, ngroups=2, state_dtype="fp32", input_dtype="bf16",
-                num_slots=9, max_batch=4, device="cpu")
+    base = dict(
+        nheads=4,
+        headdim=32,
+        dstate=64,
+        ngroups=2,
+        state_dtype="fp32",
+        input_dtype="bf16",
+        num_slots=9,
+        max_batch=4,
+        device="cpu",
+    )
     base.update(fields)
     if base.get("tokens_per_step", 1) > 1:
         base.setdefault("speculative", True)
@@ -68,8 +77,14 @@ def test_cursor_rule_against_a_plain_ring(tokens, extra, data):
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tokens=st.integers(1, 4), W=st.integers(4, 16), batch=st.integers(1, 9), pads=st.integers(0, 3),
-       index=st.sampled_from([torch.int32, torch.int64]), data=st.data())
+@given(
+    tokens=st.integers(1, 4),
+    W=st.integers(4, 16),
+    batch=st.integers(1, 9),
+    pads=st.integers(0, 3),
+    index=st.sampled_from([torch.int32, torch.int64]),
+    data=st.data(),
+)
 def test_advance_implementations_match_the_rule(impl, tokens, W, batch, pads, index, data, monkeypatch):
     if impl == "triton":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -123,12 +138,15 @@ def test_window_below_tokens_is_refused():
     assert not verdict.ok and "max_window=3 is below tokens_per_step=4" in verdict.reasons[0]
 
 
-@pytest.mark.parametrize("fields, why", [
-    (dict(input_dtype="fp16"), "input dtype fp16 not supported"),
-    (dict(headdim=80), "headdim=80 not supported"),
-    (dict(dstate=96), "dstate=96 not supported"),
-    (dict(tokens_per_step=17), "exceeds the maximum 16"),
-])
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        (dict(input_dtype="fp16"), "input dtype fp16 not supported"),
+        (dict(headdim=80), "headdim=80 not supported"),
+        (dict(dstate=96), "dstate=96 not supported"),
+        (dict(tokens_per_step=17), "exceeds the maximum 16"),
+    ],
+)
 def test_problems_outside_the_build_are_refused_with_the_reason(emulated, fields, why):
     with pytest.raises(ssu.SSUError, match=why):
         ssu.open(ssu.Config(backend=NAME), problem(**fields), registry=emulated)
@@ -155,9 +173,24 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
     inputs = step_inputs(attrs_evolve(p, speculative=True), slots, gen, tokens=tokens, with_z=with_options)
     D = inputs.D if with_options else scratch["zero_D"]
     fake_trio = (torch.empty(4, 4, 32, 8), torch.empty(4, 4, 16), torch.empty(4, 4, 32, 4))
-    kwargs = translate.cs_arguments(p, options, state.buffers, 1, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C,
-                                    D, inputs.z, inputs.dt_bias if with_options else None, True,
-                                    torch.empty_like(inputs.x), rows, fake_trio)
+    kwargs = translate.cs_arguments(
+        p,
+        options,
+        state.buffers,
+        1,
+        inputs.x,
+        inputs.dt,
+        inputs.A,
+        inputs.B,
+        inputs.C,
+        D,
+        inputs.z,
+        inputs.dt_bias if with_options else None,
+        True,
+        torch.empty_like(inputs.x),
+        rows,
+        fake_trio,
+    )
     inspect.signature(checkpointing_ssu).bind(**kwargs)  # raises TypeError on a renamed or removed argument
     H, P, N, S1 = p.nheads, p.headdim, p.dstate, p.num_slots + 1
     assert kwargs["A"].shape == (H, P, N) and kwargs["A"].stride() == (1, 0, 0)
@@ -194,16 +227,33 @@ def test_cache_rows_are_reused_until_commit(triton_rows, gen):
 
 # the whole backend on the emulated kernel -----------------------------------------------------
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]), tokens=st.integers(1, 3), extra=st.integers(0, 3),
-       layers=st.integers(1, 2), groups=st.sampled_from([1, 2]), pad=st.integers(0, 1),
-       index=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**16))
+@given(
+    state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]),
+    tokens=st.integers(1, 3),
+    extra=st.integers(0, 3),
+    layers=st.integers(1, 2),
+    groups=st.sampled_from([1, 2]),
+    pad=st.integers(0, 1),
+    index=st.sampled_from([torch.int32, torch.int64]),
+    seed=st.integers(0, 2**16),
+)
 def test_long_decodes_match_the_reference(emulated, state_dtype, tokens, extra, layers, groups, pad, index, seed):
     """Steps with random acceptance across many flushes: outputs and read_state against the
     reference at every step, every other slot's buffers bit-identical."""
     p = problem(state_dtype=state_dtype, tokens_per_step=tokens, ngroups=groups)
     gen = torch.Generator().manual_seed(seed)
-    compare_with_reference(NAME, p, gen, steps=3 * (tokens + extra) + 2, batch=3, pad=pad, index_dtype=index,
-                           layers=layers, backend_options={"max_window": tokens + extra}, registry=emulated)
+    compare_with_reference(
+        NAME,
+        p,
+        gen,
+        steps=3 * (tokens + extra) + 2,
+        batch=3,
+        pad=pad,
+        index_dtype=index,
+        layers=layers,
+        backend_options={"max_window": tokens + extra},
+        registry=emulated,
+    )
 
 
 def test_conformance_suite_passes_on_the_emulated_kernel(emulated):
@@ -211,11 +261,16 @@ def test_conformance_suite_passes_on_the_emulated_kernel(emulated):
     failed = [r for r in results if r.status == "fail"]
     assert results and not failed, failed
     passed = {r.name for r in results if r.status == "pass"}
-    assert {"slot ids outside the cache served as pad rows and reported",
-            "a commit with a layer not stepped is refused"} <= passed
+    assert {
+        "slot ids outside the cache served as pad rows and reported",
+        "a commit with a layer not stepped is refused",
+    } <= passed
     skipped = {r.name for r in results if r.status == "skip"} - passed
-    assert skipped == {"CUDA-graph replay equals eager calls", "steps that write dst_slots",
-                       "an engine's cache adopted and stepped in place"}
+    assert skipped == {
+        "CUDA-graph replay equals eager calls",
+        "steps that write dst_slots",
+        "an engine's cache adopted and stepped in place",
+    }
 
 
 def _open(emulated, p, **options):
@@ -314,8 +369,18 @@ def test_tuning_file_entries_are_counted(tmp_path):
     assert saved_entries(path) == 0
     path.write_text("not json")
     assert saved_entries(path) == 0
-    path.write_text(json.dumps({"_metadata": {}, "('checkpointing_ssu', 'CheckpointingSSURunner', ((8,),), ())": [
-        "CheckpointingSSURunner", [1, 4, 16, 1]], "('bf16_gemm', 'R', ((8,),), ())": ["R", 0]}))
+    path.write_text(
+        json.dumps(
+            {
+                "_metadata": {},
+                "('checkpointing_ssu', 'CheckpointingSSURunner', ((8,),), ())": [
+                    "CheckpointingSSURunner",
+                    [1, 4, 16, 1],
+                ],
+                "('bf16_gemm', 'R', ((8,),), ())": ["R", 0],
+            }
+        )
+    )
     assert saved_entries(path) == 1
 
 
@@ -345,7 +410,9 @@ def test_tactic_failures_are_captured_without_printing_flashinfer_debug_lines(ca
     with tactic_failures() as failures:
         logger.debug("[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: Ninja build failed")
         logger.debug("[Autotuner]: another debug line")
-    assert failures == ["[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: Ninja build failed"]
+    assert failures == [
+        "[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: Ninja build failed"
+    ]
     assert "another debug line" not in capsys.readouterr().err
     assert logger.level == level and logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)
 
@@ -379,6 +446,7 @@ def test_tune_passes_the_tuning_batches_and_explains_its_outcome(monkeypatch, tm
                 cache.write_text(json.dumps({f"('{warmup.OP}', 'R', ((8,),), ())": ["R", [0, 0, 0, 1]]}))
             else:
                 logger.debug("[Autotuner]: Skipping tactic R (0, 0, 0, 1), due to failure while profiling: boom")
+
         return call
 
     @contextlib.contextmanager
@@ -389,8 +457,11 @@ def test_tune_passes_the_tuning_batches_and_explains_its_outcome(monkeypatch, tm
     monkeypatch.setattr(warmup, "private_call", fake_call)
     monkeypatch.setattr(warmup, "synchronize", lambda p: None)
     monkeypatch.setattr(flashinfer, "autotune", fake_autotune)
-    ctx = types.SimpleNamespace(problem=types.SimpleNamespace(device_type="cuda", max_batch=16),
-                                options=ReplayOptions(tuning_batches=[8, 64], tuning_cache=str(cache)), memo={})
+    ctx = types.SimpleNamespace(
+        problem=types.SimpleNamespace(device_type="cuda", max_batch=16),
+        options=ReplayOptions(tuning_batches=[8, 64], tuning_cache=str(cache)),
+        memo={},
+    )
     line = warmup.tune(ctx)
     assert seen == {"batch": 8, "buckets": (8,)}
     if profiles:

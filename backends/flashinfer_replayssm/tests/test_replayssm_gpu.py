@@ -23,22 +23,41 @@ SHAPE = dict(nheads=128, headdim=64, dstate=128, ngroups=8, input_dtype="bf16", 
 
 
 def problem(state_dtype="fp32", tokens=1, **fields):
-    return ssu.Problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1,
-                       **dict(dict(num_slots=40, max_batch=16), **SHAPE, **fields))
+    return ssu.Problem(
+        state_dtype=state_dtype,
+        tokens_per_step=tokens,
+        speculative=tokens > 1,
+        **dict(dict(num_slots=40, max_batch=16), **SHAPE, **fields),
+    )
 
 
 def kernel(p, **options):
     return ssu.open(ssu.Config(backend=NAME, backends={NAME: dict(dict(autotune=False), **options)}), p)
 
 
-@pytest.mark.parametrize("state_dtype, tokens, algorithm", [
-    ("fp32", 4, "monolith"), ("fp32", 4, "two-kernel"), ("bf16", 4, "auto"), ("fp32", 1, "auto"), ("bf16", 1, "two-kernel"),
-])
+@pytest.mark.parametrize(
+    "state_dtype, tokens, algorithm",
+    [
+        ("fp32", 4, "monolith"),
+        ("fp32", 4, "two-kernel"),
+        ("bf16", 4, "auto"),
+        ("fp32", 1, "auto"),
+        ("bf16", 1, "two-kernel"),
+    ],
+)
 def test_long_decode_matches_the_reference_at_every_step(state_dtype, tokens, algorithm, gen):
     """120 steps with random acceptance (many flushes per slot): outputs and read_state against
     the reference after every step; slots outside the batch bit-identical in every buffer."""
-    compare_with_reference(NAME, problem(state_dtype, tokens), gen, steps=120, batch=16, pad=2, layers=2,
-                           backend_options=dict(algorithm=algorithm, autotune=False))
+    compare_with_reference(
+        NAME,
+        problem(state_dtype, tokens),
+        gen,
+        steps=120,
+        batch=16,
+        pad=2,
+        layers=2,
+        backend_options=dict(algorithm=algorithm, autotune=False),
+    )
 
 
 def test_explicit_commit_without_speculation(gen):
@@ -72,7 +91,7 @@ def test_prefill_hand_off_with_write_state(gen):
     tol = oracle.tolerance("fp32", "bf16", 4)
     for step in range(30):
         if step in (7, 19):
-            fresh = slots[step % 5: step % 5 + 4].long()
+            fresh = slots[step % 5 : step % 5 + 4].long()
             for layer in range(2):
                 values = random_states(p, 4, gen)
                 k.write_state(state, fresh, values, layer)
@@ -81,18 +100,33 @@ def test_prefill_hand_off_with_write_state(gen):
         for layer in range(2):
             ref.write_state(rstate, slots.long(), k.read_state(state, slots.long(), layer), layer)
             inputs = step_inputs(p, slots, gen, weights=weights[layer]).kwargs()
-            assert oracle.rel_error(k.step(state, layer=layer, **inputs), ref.step(rstate, layer=layer, **inputs)) <= tol
+            assert (
+                oracle.rel_error(k.step(state, layer=layer, **inputs), ref.step(rstate, layer=layer, **inputs)) <= tol
+            )
         accepted = torch.randint(1, 5, (16,), generator=gen, dtype=torch.int32).cuda()
         k.commit(state, slots, accepted)
         ref.commit(rstate, slots, accepted)
         for layer in range(2):
-            assert oracle.rel_error(k.read_state(state, slots.long(), layer),
-                                        ref.read_state(rstate, slots.long(), layer)) <= tol
+            assert (
+                oracle.rel_error(k.read_state(state, slots.long(), layer), ref.read_state(rstate, slots.long(), layer))
+                <= tol
+            )
 
 
 @pytest.mark.parametrize("state_dtype, tokens", [("fp32", 4), ("fp32", 1)])
-@pytest.mark.parametrize("check", ["step", "step-without-options", "decode", "roundtrip", "bad-inputs", "cuda-graph",
-                                   "guarded-ids", "partial-commit"])
+@pytest.mark.parametrize(
+    "check",
+    [
+        "step",
+        "step-without-options",
+        "decode",
+        "roundtrip",
+        "bad-inputs",
+        "cuda-graph",
+        "guarded-ids",
+        "partial-commit",
+    ],
+)
 def test_conformance_checks(state_dtype, tokens, check, gen):
     """The shared checks (CUDA-graph capture of step + commit included) at the real shape."""
     fn, _ = conformance.CHECKS[check]
@@ -120,10 +154,13 @@ def test_warmup_leaves_everything_bit_identical_and_the_cache_is_reused(tmp_path
     for name, buf in state.buffers.items():
         assert torch.equal(buf, before[name]), f"warmup changed buffer {name!r}"
     assert k._ctx.memo.get("tuned") is True and cache.is_file()
-    script = (f"import ssu\np = ssu.Problem(**{dict(SHAPE, num_slots=40, max_batch=8)!r})\n"
-              f"k = ssu.open(ssu.Config(backend={NAME!r}, backends={{{NAME!r}: {{'tuning_cache': {str(cache)!r}}}}}), p)\n"
-              "k.warmup(k.allocate_state())\nprint('TUNED', k._ctx.memo.get('tuned'))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=400,
-                          env=dict(os.environ))
+    script = (
+        f"import ssu\np = ssu.Problem(**{dict(SHAPE, num_slots=40, max_batch=8)!r})\n"
+        f"k = ssu.open(ssu.Config(backend={NAME!r}, backends={{{NAME!r}: {{'tuning_cache': {str(cache)!r}}}}}), p)\n"
+        "k.warmup(k.allocate_state())\nprint('TUNED', k._ctx.memo.get('tuned'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=400, env=dict(os.environ)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TUNED False" in done.stdout and "loaded from" in done.stderr, done.stderr[-3000:]

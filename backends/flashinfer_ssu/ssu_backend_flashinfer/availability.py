@@ -41,12 +41,18 @@ def flashinfer_availability(device: str) -> ssu.Availability:
     except importlib.metadata.PackageNotFoundError:
         return ssu.Availability(False, f"{DISTRIBUTION} is not installed", PIP)
     if _version_tuple(version) < MIN_VERSION:
-        return ssu.Availability(False, f"{DISTRIBUTION} {version} is older than 0.7.4 "
-                                       "(0.7.2 fails to compile for head dims 32 and 96)", f"pip install -U '{DISTRIBUTION}>=0.7.4'")
+        return ssu.Availability(
+            False,
+            f"{DISTRIBUTION} {version} is older than 0.7.4 (0.7.2 fails to compile for head dims 32 and 96)",
+            f"pip install -U '{DISTRIBUTION}>=0.7.4'",
+        )
     kind = str(device).split(":", 1)[0]
     if kind != "cuda":
-        return ssu.Availability(False, f"FlashInfer runs on CUDA devices only, not {device!r}",
-                                "use device='cuda', or the reference or triton backend on the CPU")
+        return ssu.Availability(
+            False,
+            f"FlashInfer runs on CUDA devices only, not {device!r}",
+            "use device='cuda', or the reference or triton backend on the CPU",
+        )
     from ssu.devices import torch_device_availability
 
     availability = torch_device_availability(device)
@@ -56,12 +62,18 @@ def flashinfer_availability(device: str) -> ssu.Availability:
 
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 0):
-        return ssu.Availability(False, f"compute capability {major}.{minor} is below 8.0, FlashInfer's minimum",
-                                "use an Ampere or newer GPU")
+        return ssu.Availability(
+            False,
+            f"compute capability {major}.{minor} is below 8.0, FlashInfer's minimum",
+            "use an Ampere or newer GPU",
+        )
     if find_nvcc() is None:
-        return ssu.Availability(False, "no nvcc found (CUDA_HOME unset and nvcc not on PATH); FlashInfer "
-                                       "compiles its kernels with it on first use",
-                                "install the CUDA toolkit and export CUDA_HOME=/usr/local/cuda (or wherever it is)")
+        return ssu.Availability(
+            False,
+            "no nvcc found (CUDA_HOME unset and nvcc not on PATH); FlashInfer "
+            "compiles its kernels with it on first use",
+            "install the CUDA toolkit and export CUDA_HOME=/usr/local/cuda (or wherever it is)",
+        )
     return ssu.AVAILABLE
 
 

@@ -13,7 +13,7 @@ ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 def _index_dtypes(instance, attribute, value) -> None:
     bad = [v for v in value if v not in ("int32", "int64")]
     if bad or not value:
-        raise ConfigError(f"{attribute.name}={list(value)!r} is not valid; use a non-empty list of \"int32\", \"int64\"")
+        raise ConfigError(f'{attribute.name}={list(value)!r} is not valid; use a non-empty list of "int32", "int64"')
 
 
 @attrs.frozen

@@ -45,11 +45,21 @@ def ssu_backend():
         name=NAME,
         api_version=ssu.PLUGIN_API_VERSION,
         factory=_factory,
-        capabilities=ssu.Capabilities(devices={"cuda"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
-                                      headdims=HEADDIMS, dstates=DSTATES, stochastic_rounding=True,
-                                      cuda_graphs=True, torch_compile=True, adopt_state=True,
-                                      destination_slots=True, any_pad_slot_id=True, guards_slots=True,
-                                      tied_inputs=True),
+        capabilities=ssu.Capabilities(
+            devices={"cuda"},
+            max_tokens_per_step=MAX_TOKENS,
+            speculative=True,
+            headdims=HEADDIMS,
+            dstates=DSTATES,
+            stochastic_rounding=True,
+            cuda_graphs=True,
+            torch_compile=True,
+            adopt_state=True,
+            destination_slots=True,
+            any_pad_slot_id=True,
+            guards_slots=True,
+            tied_inputs=True,
+        ),
         options_class=FlashInferOptions,
         description="FlashInfer selective_state_update (JIT-compiled CUDA), algorithm choice, destination slots",
         url="https://github.com/ssu-project/ssu/tree/main/backends/flashinfer_ssu",
@@ -69,8 +79,10 @@ def algorithm_problems(problem, options, capability) -> list[str]:
     if algo in ("vertical", "horizontal"):
         major, minor = capability
         if problem.tokens_per_step > 1 and major < 10:
-            reasons.append(f"algorithm {algo!r} with several tokens per step needs SM100 (Blackwell); "
-                           f"this GPU is SM{major}{minor}: use algorithm = \"simple\" or \"auto\"")
+            reasons.append(
+                f"algorithm {algo!r} with several tokens per step needs SM100 (Blackwell); "
+                f'this GPU is SM{major}{minor}: use algorithm = "simple" or "auto"'
+            )
         elif major < 9:
             reasons.append(f"algorithm {algo!r} needs SM90 or newer; this GPU is SM{major}{minor}")
         elif algo == "vertical" and (problem.headdim % 16 or problem.headdim < 48):
@@ -142,5 +154,8 @@ def describe_algorithm(algorithm: str, problem) -> str:
         return "auto -> simple (several tokens per step" + ("" if major >= 10 else f", SM{major}{minor}") + ")"
     if major < 9:
         return f"auto -> simple (SM{major}{minor})"
-    return ("auto -> simple while batch x heads < 2 x SMs, else vertical" if major < 10 else
-            "auto -> simple for small batches, else vertical (fp32 state) / horizontal (16-bit state)")
+    return (
+        "auto -> simple while batch x heads < 2 x SMs, else vertical"
+        if major < 10
+        else "auto -> simple for small batches, else vertical (fp32 state) / horizontal (16-bit state)"
+    )

@@ -38,10 +38,12 @@ def tie_hdim(problem, dt, A, D, dt_bias, x) -> dict:
     over the head dimension (dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P)); given in that
     form already (``Capabilities.tied_inputs``), they pass as they are."""
     H, P, N = problem.nheads, problem.headdim, problem.dstate
-    return dict(dt=dt if dt.dim() == x.dim() else dt.unsqueeze(-1).expand(*dt.shape, P),
-                A=A if A.dim() == 3 else A[:, None, None].expand(H, P, N),
-                D=D if D.dim() == 2 else D[:, None].expand(H, P),
-                dt_bias=None if dt_bias is None else dt_bias if dt_bias.dim() == 2 else dt_bias[:, None].expand(H, P))
+    return dict(
+        dt=dt if dt.dim() == x.dim() else dt.unsqueeze(-1).expand(*dt.shape, P),
+        A=A if A.dim() == 3 else A[:, None, None].expand(H, P, N),
+        D=D if D.dim() == 2 else D[:, None].expand(H, P),
+        dt_bias=None if dt_bias is None else dt_bias if dt_bias.dim() == 2 else dt_bias[:, None].expand(H, P),
+    )
 
 
 def per_head(t):
@@ -49,8 +51,25 @@ def per_head(t):
     return t[:, 0] if t.dim() == 2 else t
 
 
-def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, read_rows,
-                 dst_rows, seed, drafts=None) -> dict:
+def fi_arguments(
+    problem,
+    options,
+    state_rows,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    z,
+    dt_bias,
+    dt_softplus,
+    out,
+    read_rows,
+    dst_rows,
+    seed,
+    drafts=None,
+) -> dict:
     """Keyword arguments of ``flashinfer.mamba.selective_state_update`` for one call. ``drafts``
     (b-indexed by ``read_rows``, (slots, T, H, P, N)): a speculative step on an adopted cache,
     whose token states go there while the cache is left as it was."""
@@ -68,8 +87,12 @@ def fi_arguments(problem, options, state_rows, x, dt, A, B, C, D, z, dt_bias, dt
         algorithm=options.algorithm,
     )
     if drafts is not None:
-        kwargs.update(intermediate_states_buffer=drafts, intermediate_state_indices=read_rows,
-                      disable_state_update=True, cache_steps=x.shape[1])
+        kwargs.update(
+            intermediate_states_buffer=drafts,
+            intermediate_state_indices=read_rows,
+            disable_state_update=True,
+            cache_steps=x.shape[1],
+        )
     elif dst_rows is not None:
         kwargs.update(dst_state_batch_indices=dst_rows)
         if x.dim() == 4:
@@ -83,17 +106,25 @@ def row_buffers(problem, dtype, dev) -> dict:
     """Scratch for guarding and computing one step's cache rows with ``out=`` ops."""
     b, T = problem.max_batch, problem.tokens_per_step
     flags = lambda: torch.empty(b, dtype=torch.bool, device=dev)  # noqa: E731
-    return dict(real=flags(), dst_real=flags(), tmp=flags(), keys=torch.empty(b, dtype=torch.int64, device=dev),
-                min_key=torch.empty(1, dtype=torch.int64, device=dev),
-                row_keys=torch.arange(b, dtype=torch.int64, device=dev) << 34,
-                read=torch.empty(b, dtype=dtype, device=dev), dst=torch.empty(b, dtype=dtype, device=dev),
-                safe=torch.empty(b, dtype=dtype, device=dev), cursor=torch.empty(b, dtype=torch.int32, device=dev),
-                base=torch.empty(b, dtype=dtype, device=dev), dst_t=torch.empty(b, T, dtype=dtype, device=dev),
-                steps=torch.arange(1, T + 1, dtype=torch.int32, device=dev),
-                pad=torch.full((), problem.pad_slot_id, dtype=dtype, device=dev),
-                zero=torch.zeros((), dtype=dtype, device=dev),
-                sink=torch.full((), problem.num_slots, dtype=dtype, device=dev),
-                no_fault=torch.full((), faults.NO_FAULT, dtype=torch.int64, device=dev))
+    return dict(
+        real=flags(),
+        dst_real=flags(),
+        tmp=flags(),
+        keys=torch.empty(b, dtype=torch.int64, device=dev),
+        min_key=torch.empty(1, dtype=torch.int64, device=dev),
+        row_keys=torch.arange(b, dtype=torch.int64, device=dev) << 34,
+        read=torch.empty(b, dtype=dtype, device=dev),
+        dst=torch.empty(b, dtype=dtype, device=dev),
+        safe=torch.empty(b, dtype=dtype, device=dev),
+        cursor=torch.empty(b, dtype=torch.int32, device=dev),
+        base=torch.empty(b, dtype=dtype, device=dev),
+        dst_t=torch.empty(b, T, dtype=dtype, device=dev),
+        steps=torch.arange(1, T + 1, dtype=torch.int32, device=dev),
+        pad=torch.full((), problem.pad_slot_id, dtype=dtype, device=dev),
+        zero=torch.zeros((), dtype=dtype, device=dev),
+        sink=torch.full((), problem.num_slots, dtype=dtype, device=dev),
+        no_fault=torch.full((), faults.NO_FAULT, dtype=torch.int64, device=dev),
+    )
 
 
 def allocate_scratch(problem, options) -> dict:
@@ -102,10 +133,14 @@ def allocate_scratch(problem, options) -> dict:
     dev = p.device
     from . import rows_triton
 
-    scratch = {"zero_D": {dtype: torch.zeros(p.nheads, dtype=dtype, device=dev)
-                          for dtype in {torch.float32, to_torch(p.input_dtype)}},
-               "rows_for": None, "triton_rows": rows_triton.usable(p.device_type),
-               "rows": {dtype: row_buffers(p, dtype, dev) for dtype in (torch.int32, torch.int64)}}
+    scratch = {
+        "zero_D": {
+            dtype: torch.zeros(p.nheads, dtype=dtype, device=dev) for dtype in {torch.float32, to_torch(p.input_dtype)}
+        },
+        "rows_for": None,
+        "triton_rows": rows_triton.usable(p.device_type),
+        "rows": {dtype: row_buffers(p, dtype, dev) for dtype in (torch.int32, torch.int64)},
+    }
     if options.stochastic_rounding:
         scratch["seed"] = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(dev)
     return scratch
@@ -145,8 +180,14 @@ def guarded_rows(scratch, problem, state, slots, dst_slots, record) -> Rows:
     """The cache rows a step of ``state`` reads and writes, guarded (see the module docstring)."""
     dst_version = None if dst_slots is None else dst_slots._version
     cached = scratch["rows_for"]
-    if (cached is not None and cached[0] is slots and cached[1] == slots._version and cached[2] is dst_slots
-            and cached[3] == dst_version and cached[4] is state):
+    if (
+        cached is not None
+        and cached[0] is slots
+        and cached[1] == slots._version
+        and cached[2] is dst_slots
+        and cached[3] == dst_version
+        and cached[4] is state
+    ):
         return cached[5]
     p = problem
     b = slots.shape[0]
@@ -188,8 +229,20 @@ def _triton_rows(buf, problem, state, slots, dst_slots, record) -> Rows:
     else:
         write = None
     sink = p.pad_slot_id if state.adopted else p.num_slots
-    rows_triton.launch(slots, dst_slots, cursor, read, write, record, num_slots=p.num_slots, pad_slot_id=p.pad_slot_id,
-                       pad_read=p.pad_slot_id, sink=sink, versions=versions(p), tokens=buf["dst_t"].shape[1])
+    rows_triton.launch(
+        slots,
+        dst_slots,
+        cursor,
+        read,
+        write,
+        record,
+        num_slots=p.num_slots,
+        pad_slot_id=p.pad_slot_id,
+        pad_read=p.pad_slot_id,
+        sink=sink,
+        versions=versions(p),
+        tokens=buf["dst_t"].shape[1],
+    )
     return Rows(read, write)
 
 
@@ -224,13 +277,16 @@ def layer_rows(state) -> tuple:
         p = state.problem
         if state.adopted:
             drafts = state.buffers.get("draft")
-            state.record = tuple(LayerRows(cache, None if drafts is None else drafts[layer])
-                                 for layer, cache in enumerate(state.cache))
+            state.record = tuple(
+                LayerRows(cache, None if drafts is None else drafts[layer]) for layer, cache in enumerate(state.cache)
+            )
         else:
             ssm = state.buffers["ssm"]
             S1, K = p.num_slots + 1, versions(p)
-            state.record = tuple(LayerRows(ssm[layer].view(S1 * K, p.nheads, p.headdim, p.dstate), None)
-                                 for layer in range(state.num_layers))
+            state.record = tuple(
+                LayerRows(ssm[layer].view(S1 * K, p.nheads, p.headdim, p.dstate), None)
+                for layer in range(state.num_layers)
+            )
     return state.record
 
 
@@ -252,10 +308,12 @@ class WeightCache:
         return result
 
 
-NO_SINK = ("dst_slots: backend 'flashinfer' writes a row's state wherever its destination points, so a row whose "
-           "destination is the pad id needs a sink row; an adopted cache has none unless the pad id names a slot of "
-           "it. Open the kernel with Problem(pad_slot_id=<a reserved slot>, e.g. 0 for a null block, as vLLM does), "
-           "or step without dst_slots")
+NO_SINK = (
+    "dst_slots: backend 'flashinfer' writes a row's state wherever its destination points, so a row whose "
+    "destination is the pad id needs a sink row; an adopted cache has none unless the pad id names a slot of "
+    "it. Open the kernel with Problem(pad_slot_id=<a reserved slot>, e.g. 0 for a null block, as vLLM does), "
+    "or step without dst_slots"
+)
 
 
 def make_step(ctx):
@@ -271,8 +329,9 @@ def make_step(ctx):
     converted = WeightCache()
     pad_in_cache = p.pad_in_cache
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
-             dst_slots=None):
+    def step(
+        state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None
+    ):
         if out is None:
             out = torch.empty_like(x)
         if dst_slots is not None and state.adopted and not pad_in_cache:
@@ -283,8 +342,27 @@ def make_step(ctx):
             dt_bias = converted(per_head(dt_bias), weight)
         target = layer_rows(state)[layer]
         rows = guarded_rows(scratch, p, state, slots, dst_slots, record)
-        selective_state_update(**fi_arguments(p, options, target.rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                              out, rows.read, rows.dst, seed, target.drafts))
+        selective_state_update(
+            **fi_arguments(
+                p,
+                options,
+                target.rows,
+                x,
+                dt,
+                A,
+                B,
+                C,
+                D,
+                z,
+                dt_bias,
+                dt_softplus,
+                out,
+                rows.read,
+                rows.dst,
+                seed,
+                target.drafts,
+            )
+        )
         if seed is not None:
             seed.add_(1)
         return out
@@ -300,12 +378,27 @@ def commit(ctx, state, slots, num_accepted) -> None:
         from ssu import slot_kernels
 
         if slot_state.uses_cursor(state):
-            slot_kernels.commit(state.buffers["cursor"], slots, num_accepted, ctx.faults, pad_slot_id=p.pad_slot_id,
-                                num_slots=p.num_slots, versions=versions(p))
+            slot_kernels.commit(
+                state.buffers["cursor"],
+                slots,
+                num_accepted,
+                ctx.faults,
+                pad_slot_id=p.pad_slot_id,
+                num_slots=p.num_slots,
+                versions=versions(p),
+            )
         else:
             for layer, cache in enumerate(state.cache):
-                slot_kernels.copy_drafts(cache, state.buffers["draft"][layer], slots, num_accepted, ctx.faults,
-                                         pad_slot_id=p.pad_slot_id, num_slots=p.num_slots, record=layer == 0)
+                slot_kernels.copy_drafts(
+                    cache,
+                    state.buffers["draft"][layer],
+                    slots,
+                    num_accepted,
+                    ctx.faults,
+                    pad_slot_id=p.pad_slot_id,
+                    num_slots=p.num_slots,
+                    record=layer == 0,
+                )
     else:
         slot_state.commit(state, slots, num_accepted, ctx.faults)
     ctx.scratch["rows_for"] = None  # the next step recomputes its cache rows
@@ -318,13 +411,28 @@ def module_is_cached(problem, options, index_dtype: str) -> Optional[bool]:
         from flashinfer.jit import mamba as jit_mamba
 
         major, _ = torch.cuda.get_device_capability(problem.device)
-        gen = (jit_mamba.gen_selective_state_update_sm100_module if major >= 10 else
-               jit_mamba.gen_selective_state_update_sm90_module if major >= 9 else
-               jit_mamba.gen_selective_state_update_module)
+        gen = (
+            jit_mamba.gen_selective_state_update_sm100_module
+            if major >= 10
+            else jit_mamba.gen_selective_state_update_sm90_module
+            if major >= 9
+            else jit_mamba.gen_selective_state_update_module
+        )
         dtype = to_torch(problem.input_dtype)
-        spec = gen(to_torch(problem.state_dtype), dtype, dtype, torch.float32, to_torch(index_dtype), None,
-                   problem.headdim, problem.dstate, problem.tokens_per_step if problem.speculative else 1,
-                   torch.int32, torch.int64, options.philox_rounds if options.stochastic_rounding else 0)
+        spec = gen(
+            to_torch(problem.state_dtype),
+            dtype,
+            dtype,
+            torch.float32,
+            to_torch(index_dtype),
+            None,
+            problem.headdim,
+            problem.dstate,
+            problem.tokens_per_step if problem.speculative else 1,
+            torch.int32,
+            torch.int64,
+            options.philox_rounds if options.stochastic_rounding else 0,
+        )
         return bool(spec.is_compiled)
     except Exception:
         return None
@@ -340,13 +448,16 @@ def warm_module(ctx, index_dtype: str) -> tuple:
     from ssu.records import Context
 
     p = ctx.problem
-    name = (f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} "
-            f"T={p.tokens_per_step}{' stochastic-rounding' if ctx.options.stochastic_rounding else ''}")
+    name = (
+        f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} "
+        f"T={p.tokens_per_step}{' stochastic-rounding' if ctx.options.stochastic_rounding else ''}"
+    )
     cached = module_is_cached(p, ctx.options, index_dtype)
     small = attrs.evolve(p, num_slots=2, max_batch=min(2, p.max_batch), pad_slot_id=-1, engine_state=False)
     state = slot_state.allocate(small, 1, "flashinfer")
-    step = make_step(Context(small, ctx.options, ctx.spec, allocate_scratch(small, ctx.options),
-                             faults=faults.allocate(p.device)))
+    step = make_step(
+        Context(small, ctx.options, ctx.spec, allocate_scratch(small, ctx.options), faults=faults.allocate(p.device))
+    )
     slots = torch.tensor([0, -1][: small.max_batch], dtype=to_torch(index_dtype), device=p.device)
     t0 = time.perf_counter()
     step(state, **step_inputs(small, slots, torch.Generator().manual_seed(0)).kwargs())

@@ -1,10 +1,16 @@
-"""FlashInfer backend tests: CPU ones always; GPU ones (marker ``gpu``) only with CUDA (the
-repository's conftest.py skips them otherwise)."""
+"""FlashInfer backend tests: CPU ones always (the kernel replaced by :mod:`fi_emulation` where it
+has to run); GPU ones (marker ``gpu``) only with CUDA (ssu-core's pytest plugin skips them
+otherwise)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # the Triton launches of the cache rows run in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

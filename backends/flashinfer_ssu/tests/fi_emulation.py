@@ -30,12 +30,34 @@ def _require(condition: bool, message: str) -> None:
         raise RuntimeError(f"selective_state_update (emulated): {message}")
 
 
-def selective_state_update(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, pad_slot_id=-1, state_scale=None, out=None,
-                           disable_state_update=False, intermediate_states_buffer=None,
-                           intermediate_state_indices=None, intermediate_state_scales=None, rand_seed=None,
-                           philox_rounds=10, cache_steps=0, algorithm="auto", dst_state_batch_indices=None,
-                           cu_seqlens=None, num_accepted_tokens=None, backend="auto"):
+def selective_state_update(
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    state_batch_indices=None,
+    pad_slot_id=-1,
+    state_scale=None,
+    out=None,
+    disable_state_update=False,
+    intermediate_states_buffer=None,
+    intermediate_state_indices=None,
+    intermediate_state_scales=None,
+    rand_seed=None,
+    philox_rounds=10,
+    cache_steps=0,
+    algorithm="auto",
+    dst_state_batch_indices=None,
+    cu_seqlens=None,
+    num_accepted_tokens=None,
+    backend="auto",
+):
     cache, H, P, N = state.shape
     _require(state.stride()[1:] == (P * N, N, 1), "state heads must be contiguous")
     multi = x.dim() == 4
@@ -50,8 +72,10 @@ def selective_state_update(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_so
     if dt_bias is not None:
         _require(dt_bias.shape == (H, P) and dt_bias.stride() == (1, 0) and dt_bias.dtype == dt.dtype, "dt_bias")
     _require(out is not None and out.is_contiguous(), "out contiguous")
-    _require(not (intermediate_states_buffer is not None and dst_state_batch_indices is not None),
-             "intermediate_states_buffer and dst_state_batch_indices are mutually exclusive")
+    _require(
+        not (intermediate_states_buffer is not None and dst_state_batch_indices is not None),
+        "intermediate_states_buffer and dst_state_batch_indices are mutually exclusive",
+    )
     if state_batch_indices is not None and dst_state_batch_indices is not None:
         _require(state_batch_indices.dtype == dst_state_batch_indices.dtype, "index dtypes must match")
     outs = out if multi else out[:, None]
@@ -68,8 +92,10 @@ def selective_state_update(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_so
             if dt_softplus:
                 d = torch.where(d > 20, d, F.softplus(d))
             xt = x[i, t].float()
-            s = s * torch.exp(a * d)[:, None, None] + (d[:, None] * xt)[..., None] * B[i, t].float().repeat_interleave(
-                hpg, 0)[:, None, :]
+            s = (
+                s * torch.exp(a * d)[:, None, None]
+                + (d[:, None] * xt)[..., None] * B[i, t].float().repeat_interleave(hpg, 0)[:, None, :]
+            )
             y = (s * C[i, t].float().repeat_interleave(hpg, 0)[:, None, :]).sum(-1) + D[:, 0].float()[:, None] * xt
             if z is not None:
                 zt = z[i, t].float()
@@ -90,8 +116,13 @@ def selective_state_update(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_so
             w = r if dst_state_batch_indices is None else int(dst_state_batch_indices[i])
             _require(0 <= w < cache, f"destination {w} outside the cache")
             state[w] = s.to(state.dtype)
-        if not pad and multi and dst_state_batch_indices is None and intermediate_states_buffer is None \
-                and not disable_state_update:
+        if (
+            not pad
+            and multi
+            and dst_state_batch_indices is None
+            and intermediate_states_buffer is None
+            and not disable_state_update
+        ):
             state[r] = s.to(state.dtype)
     return out
 
@@ -116,7 +147,10 @@ def _supports(problem, options):
 
 def emulated_plugin():
     """The real plugin's hooks, but named ``flashinfer-emulated`` and running on the CPU."""
-    hooks = {name: getattr(real_plugin, name) for name in dir(real_plugin)
-             if name.startswith("ssu_") and callable(getattr(real_plugin, name))}
+    hooks = {
+        name: getattr(real_plugin, name)
+        for name in dir(real_plugin)
+        if name.startswith("ssu_") and callable(getattr(real_plugin, name))
+    }
     hooks.update(ssu_backend=_backend, ssu_probe=_probe, ssu_supports=_supports)
     return types.SimpleNamespace(__name__="flashinfer_emulated", **hooks)

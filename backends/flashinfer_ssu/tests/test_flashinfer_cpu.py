@@ -18,17 +18,22 @@ from ssu.options import build
 
 
 def problem(**fields):
-    base = dict(nheads=8, headdim=64, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="bf16",
-                num_slots=10, max_batch=4)
+    base = dict(
+        nheads=8, headdim=64, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="bf16", num_slots=10, max_batch=4
+    )
     base.update(fields)
     return ssu.Problem(**base)
 
 
 def test_options_validation():
     assert build(FlashInferOptions, {"algorithm": "simple"}, "ssu.backends.flashinfer").algorithm == "simple"
-    with pytest.raises(ssu.ConfigError, match="'diagonal' is not valid; use one of 'auto', 'simple', 'vertical', 'horizontal'"):
+    with pytest.raises(
+        ssu.ConfigError, match="'diagonal' is not valid; use one of 'auto', 'simple', 'vertical', 'horizontal'"
+    ):
         build(FlashInferOptions, {"algorithm": "diagonal"}, "ssu.backends.flashinfer")
-    with pytest.raises(ssu.ConfigError, match=r"ssu\.backends\.flashinfer\.algoritm: unknown option \(did you mean 'algorithm'\?\)"):
+    with pytest.raises(
+        ssu.ConfigError, match=r"ssu\.backends\.flashinfer\.algoritm: unknown option \(did you mean 'algorithm'\?\)"
+    ):
         build(FlashInferOptions, {"algoritm": "simple"}, "ssu.backends.flashinfer")
     with pytest.raises(ssu.ConfigError, match="philox_rounds=0 is out of range"):
         build(FlashInferOptions, {"philox_rounds": 0}, "ssu.backends.flashinfer")
@@ -36,21 +41,32 @@ def test_options_validation():
         build(FlashInferOptions, {"warmup_index_dtypes": ["int16"]}, "ssu.backends.flashinfer")
 
 
-@pytest.mark.parametrize("algo, cc, tokens, headdim, pattern", [
-    ("vertical", (9, 0), 4, 64, r"needs SM100 \(Blackwell\); this GPU is SM90"),
-    ("horizontal", (9, 0), 2, 64, r"needs SM100 \(Blackwell\); this GPU is SM90"),
-    ("vertical", (8, 0), 1, 64, "needs SM90 or newer; this GPU is SM80"),
-    ("vertical", (9, 0), 1, 40, "multiple of 16 and >= 48"),
-    ("horizontal", (9, 0), 1, 80, "multiple of 64 and <= 256"),
-])
+@pytest.mark.parametrize(
+    "algo, cc, tokens, headdim, pattern",
+    [
+        ("vertical", (9, 0), 4, 64, r"needs SM100 \(Blackwell\); this GPU is SM90"),
+        ("horizontal", (9, 0), 2, 64, r"needs SM100 \(Blackwell\); this GPU is SM90"),
+        ("vertical", (8, 0), 1, 64, "needs SM90 or newer; this GPU is SM80"),
+        ("vertical", (9, 0), 1, 40, "multiple of 16 and >= 48"),
+        ("horizontal", (9, 0), 1, 80, "multiple of 64 and <= 256"),
+    ],
+)
 def test_algorithm_refusals(algo, cc, tokens, headdim, pattern):
     p = problem(headdim=headdim, tokens_per_step=tokens, speculative=tokens > 1)
     reasons = plugin.algorithm_problems(p, FlashInferOptions(algorithm=algo), cc)
     assert len(reasons) == 1 and __import__("re").search(pattern, reasons[0])
 
 
-@pytest.mark.parametrize("algo, cc, tokens", [("simple", (9, 0), 4), ("auto", (9, 0), 4), ("vertical", (9, 0), 1),
-                                               ("horizontal", (9, 0), 1), ("vertical", (10, 0), 4)])
+@pytest.mark.parametrize(
+    "algo, cc, tokens",
+    [
+        ("simple", (9, 0), 4),
+        ("auto", (9, 0), 4),
+        ("vertical", (9, 0), 1),
+        ("horizontal", (9, 0), 1),
+        ("vertical", (10, 0), 4),
+    ],
+)
 def test_algorithm_accepted(algo, cc, tokens):
     p = problem(tokens_per_step=tokens, speculative=tokens > 1)
     assert plugin.algorithm_problems(p, FlashInferOptions(algorithm=algo), cc) == []
@@ -119,9 +135,25 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
     target = translate.layer_rows(state)[0]
     D = inputs.D.to(inputs.dt.dtype) if with_options else scratch["zero_D"][inputs.dt.dtype]
     dt_bias = inputs.dt_bias.to(inputs.dt.dtype) if with_options else None
-    kwargs = translate.fi_arguments(p, options, target.rows, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, D,
-                                    inputs.z, dt_bias, True, torch.empty_like(inputs.x), rows.read, rows.dst, None,
-                                    target.drafts)
+    kwargs = translate.fi_arguments(
+        p,
+        options,
+        target.rows,
+        inputs.x,
+        inputs.dt,
+        inputs.A,
+        inputs.B,
+        inputs.C,
+        D,
+        inputs.z,
+        dt_bias,
+        True,
+        torch.empty_like(inputs.x),
+        rows.read,
+        rows.dst,
+        None,
+        target.drafts,
+    )
     bound = _fi_signature().bind(**kwargs)  # raises TypeError on a renamed or removed argument
     assert bound.arguments["algorithm"] == "simple"
     H, P, N = p.nheads, p.headdim, p.dstate
@@ -207,11 +239,19 @@ from ssu.harness import compare_with_reference  # noqa: E402
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]), tokens=st.sampled_from([1, 1, 3]),
-       adopt=st.booleans(), destinations=st.booleans(), pad_id=st.sampled_from([-1, 0, 99]),
-       index=st.sampled_from([torch.int32, torch.int64]), triton_rows=st.booleans(), seed=st.integers(0, 2**16))
-def test_emulated_backend_matches_the_reference(emulated, state_dtype, tokens, adopt, destinations, pad_id, index,
-                                                triton_rows, seed):
+@given(
+    state_dtype=st.sampled_from(["fp32", "bf16", "fp16"]),
+    tokens=st.sampled_from([1, 1, 3]),
+    adopt=st.booleans(),
+    destinations=st.booleans(),
+    pad_id=st.sampled_from([-1, 0, 99]),
+    index=st.sampled_from([torch.int32, torch.int64]),
+    triton_rows=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_emulated_backend_matches_the_reference(
+    emulated, state_dtype, tokens, adopt, destinations, pad_id, index, triton_rows, seed
+):
     """The backend's rows (one Triton launch, or torch ops), guards, sinks, destinations and adopted
     caches around FlashInfer's documented kernel: outputs and states against the reference, every
     other slot untouched."""
@@ -221,12 +261,32 @@ def test_emulated_backend_matches_the_reference(emulated, state_dtype, tokens, a
 
     if adopt and destinations and not 0 <= pad_id < 12:
         pad_id = 0  # destinations on an adopted cache need its pad slot as the sink
-    p = problem(nheads=4, headdim=32, dstate=32, state_dtype=state_dtype, num_slots=12, max_batch=4,
-                tokens_per_step=tokens, speculative=tokens > 1, pad_slot_id=pad_id, engine_state=adopt)
+    p = problem(
+        nheads=4,
+        headdim=32,
+        dstate=32,
+        state_dtype=state_dtype,
+        num_slots=12,
+        max_batch=4,
+        tokens_per_step=tokens,
+        speculative=tokens > 1,
+        pad_slot_id=pad_id,
+        engine_state=adopt,
+    )
     gen = torch.Generator().manual_seed(seed)
     with mock.patch.object(rows_triton, "usable", lambda device_type: triton_rows):
-        compare_with_reference("flashinfer-emulated", p, gen, steps=3, pad=1, layers=2, index_dtype=index,
-                               registry=emulated, adopt=adopt, destinations=destinations and tokens == 1)
+        compare_with_reference(
+            "flashinfer-emulated",
+            p,
+            gen,
+            steps=3,
+            pad=1,
+            layers=2,
+            index_dtype=index,
+            registry=emulated,
+            adopt=adopt,
+            destinations=destinations and tokens == 1,
+        )
 
 
 def test_emulated_backend_is_conformant(emulated):
@@ -236,8 +296,11 @@ def test_emulated_backend_is_conformant(emulated):
     failed = [r for r in results if r.status == "fail"]
     assert not failed, failed
     assert {r.name for r in results if r.status == "pass"} >= {
-        "an engine's cache adopted and stepped in place", "steps that write dst_slots",
-        "slot ids outside the cache served as pad rows and reported", "a commit with a layer not stepped is refused"}
+        "an engine's cache adopted and stepped in place",
+        "steps that write dst_slots",
+        "slot ids outside the cache served as pad rows and reported",
+        "a commit with a layer not stepped is refused",
+    }
 
 
 def test_destination_slots_on_an_adopted_cache_need_a_sink(emulated, gen):

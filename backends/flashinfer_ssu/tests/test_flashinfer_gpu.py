@@ -35,8 +35,19 @@ MODULES = {  # name: (H, P, N, G, state dtype, tokens)
 
 def cuda_problem(name, **fields):
     H, P, N, G, state, T = MODULES[name]
-    base = dict(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state, input_dtype="bf16", num_slots=80,
-                max_batch=48, tokens_per_step=T, speculative=T > 1, device="cuda")
+    base = dict(
+        nheads=H,
+        headdim=P,
+        dstate=N,
+        ngroups=G,
+        state_dtype=state,
+        input_dtype="bf16",
+        num_slots=80,
+        max_batch=48,
+        tokens_per_step=T,
+        speculative=T > 1,
+        device="cuda",
+    )
     base.update(fields)
     return ssu.Problem(**base)
 
@@ -46,28 +57,38 @@ def test_model_shapes_match_reference(name, gen):
     compare_with_reference("flashinfer", cuda_problem(name), gen, steps=3, pad=3, layers=2)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(batch=st.integers(1, 48), pad=st.integers(0, 3), options=st.booleans(), seed=st.integers(0, 2**16),
-       name=st.sampled_from(["8b-fp32", "8b-fp32-T4"]))
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.integers(1, 48),
+    pad=st.integers(0, 3),
+    options=st.booleans(),
+    seed=st.integers(0, 2**16),
+    name=st.sampled_from(["8b-fp32", "8b-fp32-T4"]),
+)
 def test_hypothesis_batches_and_options(batch, pad, options, seed, name):
     gen = torch.Generator().manual_seed(seed)
-    compare_with_reference("flashinfer", cuda_problem(name), gen, steps=2, batch=batch, pad=min(pad, batch - 1),
-                           options=options)
+    compare_with_reference(
+        "flashinfer", cuda_problem(name), gen, steps=2, batch=batch, pad=min(pad, batch - 1), options=options
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["simple", "vertical", "horizontal"])
 def test_algorithms_one_token(algorithm, gen):
-    compare_with_reference("flashinfer", cuda_problem("8b-fp32"), gen, steps=2, pad=1,
-                           backend_options={"algorithm": algorithm})
+    compare_with_reference(
+        "flashinfer", cuda_problem("8b-fp32"), gen, steps=2, pad=1, backend_options={"algorithm": algorithm}
+    )
 
 
 def test_sm100_algorithms_refused_at_open_on_hopper():
     if torch.cuda.get_device_capability()[0] >= 10:
         pytest.skip("this GPU runs them")
     with pytest.raises(ssu.BackendUnavailableError, match=r"needs SM100 \(Blackwell\); this GPU is SM90"):
-        ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": {"algorithm": "vertical"}}),
-                 cuda_problem("8b-fp32-T4"))
+        ssu.open(
+            ssu.Config(backend="flashinfer", backends={"flashinfer": {"algorithm": "vertical"}}),
+            cuda_problem("8b-fp32-T4"),
+        )
 
 
 @pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
@@ -77,8 +98,9 @@ def test_cuda_graph_capture_and_replay(name, gen):
 
 
 def test_stochastic_rounding_is_unbiased(gen):
-    bias, bias_nearest, spread = stochastic_rounding_bias("flashinfer", gen, nheads=8, headdim=64, dstate=128,
-                                                          ngroups=1, input_dtype="bf16", device="cuda")
+    bias, bias_nearest, spread = stochastic_rounding_bias(
+        "flashinfer", gen, nheads=8, headdim=64, dstate=128, ngroups=1, input_dtype="bf16", device="cuda"
+    )
     assert spread > 0
     assert bias < 0.5 * bias_nearest, (bias, bias_nearest)
 
@@ -109,11 +131,20 @@ def test_adopted_caches_and_destinations_at_model_shapes(name, gen):
     destination slots (the null block 0 as pad id and sink, and a pad id outside the cache on an
     allocated state, whose sink row takes a pad destination's write)."""
     tokens = MODULES[name][5]
-    compare_with_reference("flashinfer", cuda_problem(name, engine_state=True, pad_slot_id=0, num_slots=160), gen,
-                           steps=3, pad=3, layers=2, adopt=True, destinations=tokens == 1)  # slots no row reads
+    compare_with_reference(
+        "flashinfer",
+        cuda_problem(name, engine_state=True, pad_slot_id=0, num_slots=160),
+        gen,
+        steps=3,
+        pad=3,
+        layers=2,
+        adopt=True,
+        destinations=tokens == 1,
+    )  # slots no row reads
     if tokens == 1:
-        compare_with_reference("flashinfer", cuda_problem(name, pad_slot_id=-1, num_slots=160), gen, steps=2, pad=3,
-                               destinations=True)
+        compare_with_reference(
+            "flashinfer", cuda_problem(name, pad_slot_id=-1, num_slots=160), gen, steps=2, pad=3, destinations=True
+        )
 
 
 @pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
@@ -132,13 +163,25 @@ def test_declared_head_dims_and_dstates_build_and_match(headdim, dstate, gen):
     from ssu_backend_flashinfer.plugin import DSTATES, HEADDIMS
 
     assert headdim in HEADDIMS and dstate in DSTATES
-    p = ssu.Problem(nheads=16, headdim=headdim, dstate=dstate, ngroups=2, state_dtype="fp32", input_dtype="bf16",
-                    num_slots=24, max_batch=8, device="cuda")
+    p = ssu.Problem(
+        nheads=16,
+        headdim=headdim,
+        dstate=dstate,
+        ngroups=2,
+        state_dtype="fp32",
+        input_dtype="bf16",
+        num_slots=24,
+        max_batch=8,
+        device="cuda",
+    )
     compare_with_reference("flashinfer", p, gen, steps=2, pad=1)
 
 
 def test_an_undeclared_dstate_is_refused_at_open_with_the_alternatives():
     p = ssu.Problem(nheads=16, headdim=64, dstate=16, ngroups=2, num_slots=8, max_batch=4, device="cuda")
-    with pytest.raises(ssu.BackendUnavailableError, match=r"dstate=16 not supported .*backends that serve this "
-                                                          r"problem here: .*triton"):
+    with pytest.raises(
+        ssu.BackendUnavailableError,
+        match=r"dstate=16 not supported .*backends that serve this "
+        r"problem here: .*triton",
+    ):
         ssu.open(ssu.Config(backend="flashinfer"), p)

@@ -13,17 +13,71 @@ from .tuning import Schedule
 
 
 @torch.library.custom_op("ssu_triton::step", mutates_args=("read", "write", "out", "faults"))
-def step_op(read: torch.Tensor, write: Optional[torch.Tensor], cursor: Optional[torch.Tensor], x: torch.Tensor,
-            dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, slots: torch.Tensor,
-            D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], dt_softplus: bool,
-            out: torch.Tensor, seed: Optional[torch.Tensor], dst_slots: Optional[torch.Tensor], faults: torch.Tensor,
-            consts: list[int], schedule: list[int]) -> None:
+def step_op(
+    read: torch.Tensor,
+    write: Optional[torch.Tensor],
+    cursor: Optional[torch.Tensor],
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    slots: torch.Tensor,
+    D: Optional[torch.Tensor],
+    z: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
+    dt_softplus: bool,
+    out: torch.Tensor,
+    seed: Optional[torch.Tensor],
+    dst_slots: Optional[torch.Tensor],
+    faults: torch.Tensor,
+    consts: list[int],
+    schedule: list[int],
+) -> None:
     """``write`` is None when the step writes the view it reads (a custom op's arguments may not alias)."""
-    launch(read, read if write is None else write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out,
-           seed, dst_slots, faults, StepConstants(*consts), Schedule(*schedule))
+    launch(
+        read,
+        read if write is None else write,
+        cursor,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        slots,
+        D,
+        z,
+        dt_bias,
+        dt_softplus,
+        out,
+        seed,
+        dst_slots,
+        faults,
+        StepConstants(*consts),
+        Schedule(*schedule),
+    )
 
 
 @step_op.register_fake
-def _step_fake(read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults,
-               consts, schedule) -> None:
+def _step_fake(
+    read,
+    write,
+    cursor,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    slots,
+    D,
+    z,
+    dt_bias,
+    dt_softplus,
+    out,
+    seed,
+    dst_slots,
+    faults,
+    consts,
+    schedule,
+) -> None:
     return None

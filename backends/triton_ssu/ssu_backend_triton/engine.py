@@ -48,8 +48,15 @@ class Launcher:
         default = tuning.default_config(self.problem, self.problem.max_batch)
         block_p = o.block_p or default.block_p
         tiles = o.tiles_per_program or (-(-self.problem.headdim // block_p) if o.loop_stages else 1)
-        return tuning.Schedule(block_p, o.num_warps or default.num_warps, tiles, o.loop_stages if tiles > 1 else 0,
-                               o.max_registers, default.pdl, default.branchless)
+        return tuning.Schedule(
+            block_p,
+            o.num_warps or default.num_warps,
+            tiles,
+            o.loop_stages if tiles > 1 else 0,
+            o.max_registers,
+            default.pdl,
+            default.branchless,
+        )
 
     def set_bucket(self, bucket: int, config: tuning.Schedule) -> None:
         """Use ``config`` for every batch size in (bucket / 2, bucket] (with programmatic dependent
@@ -67,8 +74,16 @@ class Launcher:
     # the step ------------------------------------------------------------------------------------
     def constants(self, cursor: bool) -> StepConstants:
         p = self.problem
-        return StepConstants(p.pad_slot_id, p.num_slots, p.heads_per_group, p.speculative, cursor, self.versions,
-                             self.options.stochastic_rounding, self.options.philox_rounds)
+        return StepConstants(
+            p.pad_slot_id,
+            p.num_slots,
+            p.heads_per_group,
+            p.speculative,
+            cursor,
+            self.versions,
+            self.options.stochastic_rounding,
+            self.options.philox_rounds,
+        )
 
     def make_step(self):
         table = self.table
@@ -78,19 +93,71 @@ class Launcher:
         is_compiling = torch.compiler.is_compiling
         op = torch.ops.ssu_triton.step
 
-        def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
-                 dst_slots=None):
+        def step(
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            slots,
+            D=None,
+            z=None,
+            dt_bias=None,
+            dt_softplus=False,
+            out=None,
+            layer=0,
+            dst_slots=None,
+        ):
             if out is None:
                 out = torch.empty_like(x)
             schedule = table[x.shape[0]]
             read, write = state.views[layer]
             cursor = state.buffers.get("cursor")
             if is_compiling():
-                op(read, None if write is read else write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus,
-                   out, seed, dst_slots, faults, list(consts[cursor is not None]), list(schedule))
+                op(
+                    read,
+                    None if write is read else write,
+                    cursor,
+                    x,
+                    dt,
+                    A,
+                    B,
+                    C,
+                    slots,
+                    D,
+                    z,
+                    dt_bias,
+                    dt_softplus,
+                    out,
+                    seed,
+                    dst_slots,
+                    faults,
+                    list(consts[cursor is not None]),
+                    list(schedule),
+                )
             else:
-                launch(read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots,
-                       faults, consts[cursor is not None], schedule)
+                launch(
+                    read,
+                    write,
+                    cursor,
+                    x,
+                    dt,
+                    A,
+                    B,
+                    C,
+                    slots,
+                    D,
+                    z,
+                    dt_bias,
+                    dt_softplus,
+                    out,
+                    seed,
+                    dst_slots,
+                    faults,
+                    consts[cursor is not None],
+                    schedule,
+                )
             if seed is not None:
                 seed.add_(1)
             return out
@@ -110,8 +177,27 @@ class Launcher:
         if self._scratch_faults is None:
             self._scratch_faults = torch.zeros(1, dtype=torch.int64, device=ssm.device)
         consts = self.constants(cursor is not None)._replace(num_slots=ssm.shape[0], pad_slot_id=-1)
-        launch(ssm, ssm, cursor, inputs.x, inputs.dt, inputs.A, inputs.B, inputs.C, slots, inputs.D, inputs.z,
-               inputs.dt_bias, inputs.dt_softplus, out, self.seed, None, self._scratch_faults, consts, config)
+        launch(
+            ssm,
+            ssm,
+            cursor,
+            inputs.x,
+            inputs.dt,
+            inputs.A,
+            inputs.B,
+            inputs.C,
+            slots,
+            inputs.D,
+            inputs.z,
+            inputs.dt_bias,
+            inputs.dt_softplus,
+            out,
+            self.seed,
+            None,
+            self._scratch_faults,
+            consts,
+            config,
+        )
 
     def compile_all(self) -> None:
         """Compile every configuration in the table for int32 and int64 slots (on scratch), so that

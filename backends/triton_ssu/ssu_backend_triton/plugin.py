@@ -33,10 +33,19 @@ def ssu_backend():
         name=NAME,
         api_version=ssu.PLUGIN_API_VERSION,
         factory=_factory,
-        capabilities=ssu.Capabilities(devices={"cuda", "cpu"}, max_tokens_per_step=MAX_TOKENS, speculative=True,
-                                      stochastic_rounding=True, cuda_graphs=True, torch_compile=True,
-                                      adopt_state=True, destination_slots=True, any_pad_slot_id=True,
-                                      guards_slots=True, tied_inputs=True),
+        capabilities=ssu.Capabilities(
+            devices={"cuda", "cpu"},
+            max_tokens_per_step=MAX_TOKENS,
+            speculative=True,
+            stochastic_rounding=True,
+            cuda_graphs=True,
+            torch_compile=True,
+            adopt_state=True,
+            destination_slots=True,
+            any_pad_slot_id=True,
+            guards_slots=True,
+            tied_inputs=True,
+        ),
         options_class=TritonOptions,
         description="Triton SSU kernel: one state read and T writes per sequence, tuned per batch bucket",
         url="https://github.com/ssu-project/ssu/tree/main/backends/triton_ssu",
@@ -52,8 +61,11 @@ def ssu_probe(device):
     if kind == "cpu":
         if interpreting():
             return ssu.AVAILABLE
-        return ssu.Availability(False, "on the CPU Triton runs only in its interpreter",
-                                "set TRITON_INTERPRET=1 (slow; meant for tests) or use device='cuda'")
+        return ssu.Availability(
+            False,
+            "on the CPU Triton runs only in its interpreter",
+            "set TRITON_INTERPRET=1 (slow; meant for tests) or use device='cuda'",
+        )
     from ssu.devices import torch_device_availability
 
     availability = torch_device_availability(device)
@@ -64,8 +76,11 @@ def ssu_probe(device):
 
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 0):
-            return ssu.Availability(False, f"compute capability {major}.{minor} is below 8.0 (bf16 loads need Ampere)",
-                                    "use an Ampere or newer GPU, or the reference backend")
+            return ssu.Availability(
+                False,
+                f"compute capability {major}.{minor} is below 8.0 (bf16 loads need Ampere)",
+                "use an Ampere or newer GPU, or the reference backend",
+            )
     return ssu.AVAILABLE
 
 
@@ -101,13 +116,29 @@ def ssu_commit(ctx, state, slots, num_accepted):
 
     p = ctx.problem
     if slot_state.uses_cursor(state):
-        commit(state.buffers["cursor"], slots, num_accepted, ctx.faults, pad_slot_id=p.pad_slot_id,
-               num_slots=p.num_slots, versions=slot_state.versions(p), pdl=ctx.options.programmatic_launch is not False)
+        commit(
+            state.buffers["cursor"],
+            slots,
+            num_accepted,
+            ctx.faults,
+            pad_slot_id=p.pad_slot_id,
+            num_slots=p.num_slots,
+            versions=slot_state.versions(p),
+            pdl=ctx.options.programmatic_launch is not False,
+        )
         return
     draft = state.buffers["draft"]
     for layer, cache in enumerate(state.cache):
-        copy_drafts(cache, draft[layer], slots, num_accepted, ctx.faults, pad_slot_id=p.pad_slot_id,
-                    num_slots=p.num_slots, record=layer == 0)
+        copy_drafts(
+            cache,
+            draft[layer],
+            slots,
+            num_accepted,
+            ctx.faults,
+            pad_slot_id=p.pad_slot_id,
+            num_slots=p.num_slots,
+            record=layer == 0,
+        )
 
 
 @ssu.hookimpl
@@ -139,17 +170,26 @@ def ssu_warmup(ctx, state, step):
             _log(f"batch {bucket:5d}: tuned {schedule} from {path}")
             continue
         t0 = time.perf_counter()
-        best = tuning.tune_bucket(p, bucket, launcher.run_scratch, configs, ctx.options.tune_iterations, _log,
-                                  try_pdl=ctx.options.programmatic_launch == "auto",
-                                  try_branchless=ctx.options.branchless_inputs == "auto")
+        best = tuning.tune_bucket(
+            p,
+            bucket,
+            launcher.run_scratch,
+            configs,
+            ctx.options.tune_iterations,
+            _log,
+            try_pdl=ctx.options.programmatic_launch == "auto",
+            try_branchless=ctx.options.branchless_inputs == "auto",
+        )
         if best is None:
             _log(f"batch {bucket:5d}: every candidate failed; keeping the default")
             continue
         config, us = best
         launcher.set_bucket(bucket, config)
         fresh[key] = {"config": list(config), "us": round(us, 2)}
-        _log(f"batch {bucket:5d}: tuned {config}, {us:.1f} us "
-             f"({len(configs)} candidates, {time.perf_counter() - t0:.1f} s)")
+        _log(
+            f"batch {bucket:5d}: tuned {config}, {us:.1f} us "
+            f"({len(configs)} candidates, {time.perf_counter() - t0:.1f} s)"
+        )
     tuning.write_cache(path, fresh)
     launcher.compile_all()
     if fresh and path is not None:

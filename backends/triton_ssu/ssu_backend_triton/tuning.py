@@ -107,8 +107,13 @@ def candidates(problem) -> list[Schedule]:
                 out.append(Schedule(block_p, warps))
                 if per_thread >= 32:  # left alone the compiler may take more registers than it needs
                     out += [Schedule(block_p, warps, maxnreg=96), Schedule(block_p, warps, maxnreg=128)]
-            if (problem.tokens_per_step == 1 and warps <= 2 and per_thread in (16, 32) and n_tiles > 1
-                    and 1024 <= block_p * block_n <= 2048):
+            if (
+                problem.tokens_per_step == 1
+                and warps <= 2
+                and per_thread in (16, 32)
+                and n_tiles > 1
+                and 1024 <= block_p * block_n <= 2048
+            ):
                 out += [Schedule(block_p, warps, n_tiles, 3), Schedule(block_p, warps, n_tiles, 4)]
                 if n_tiles % 2 == 0 and n_tiles > 2:
                     out.append(Schedule(block_p, warps, n_tiles // 2, 4))
@@ -127,9 +132,11 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
     p = problem
-    return (f"{gpu}|triton {triton_version}|kernel v8|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
-            f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
-            f"{' sr' if stochastic else ''}|batch {bucket}")
+    return (
+        f"{gpu}|triton {triton_version}|kernel v8|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
+        f"state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}{' spec' if p.speculative else ''}"
+        f"{' sr' if stochastic else ''}|batch {bucket}"
+    )
 
 
 def read_cache(path: Optional[Path]) -> dict:
@@ -146,8 +153,11 @@ def cached_schedule(cached: dict, key: str) -> Optional[Schedule]:
     """The schedule stored under ``key``, or None when absent or malformed (then it is re-tuned)."""
     entry = cached.get(key)
     config = entry.get("config") if isinstance(entry, dict) else None
-    if isinstance(config, list) and len(config) == len(Schedule._fields) and all(
-            isinstance(v, int) and v >= 0 for v in config):
+    if (
+        isinstance(config, list)
+        and len(config) == len(Schedule._fields)
+        and all(isinstance(v, int) and v >= 0 for v in config)
+    ):
         return Schedule(*config)
     return None
 
@@ -165,8 +175,16 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
     os.replace(tmp, path)
 
 
-def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: int, log: Callable,
-                try_pdl: bool = True, try_branchless: bool = True) -> tuple:
+def tune_bucket(
+    problem,
+    bucket: int,
+    run: Callable,
+    configs: list,
+    iterations: int,
+    log: Callable,
+    try_pdl: bool = True,
+    try_branchless: bool = True,
+) -> tuple:
     """Time every config for one batch bucket on scratch, then the fastest again: on a GPU of
     compute capability 9.0 or newer (with ``try_pdl``) with programmatic dependent launch (it helps
     at most batches), and (with ``try_branchless``) with the other way of loading the optional
@@ -191,8 +209,9 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
     sets = max(1, min(16, -(-COLD_BYTES // (slot_bytes * bucket)), SCRATCH_LIMIT // (slot_bytes * bucket)))
     gen = torch.Generator().manual_seed(bucket)
     total = sets * bucket
-    scratch = torch.empty(total, K, p.nheads, p.headdim, p.dstate, device=p.device,
-                          dtype=to_torch(p.state_dtype)).normal_(generator=None)
+    scratch = torch.empty(
+        total, K, p.nheads, p.headdim, p.dstate, device=p.device, dtype=to_torch(p.state_dtype)
+    ).normal_(generator=None)
     slot_sets = [torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)]
     inputs = [step_inputs(p, s, gen) for s in slot_sets]
     outs = [torch.empty_like(i.x) for i in inputs]
@@ -200,8 +219,9 @@ def tune_bucket(problem, bucket: int, run: Callable, configs: list, iterations: 
 
     def time_config(config) -> None:
         nonlocal best
-        launches = [(lambda c=config, s=s, i=i, o=o: run(c, scratch, s, i, o))
-                    for s, i, o in zip(slot_sets, inputs, outs)]
+        launches = [
+            (lambda c=config, s=s, i=i, o=o: run(c, scratch, s, i, o)) for s, i, o in zip(slot_sets, inputs, outs)
+        ]
         try:
             us = graph_time_us(launches, replays=5, warmup=1, min_launches=iterations)
         except Exception as exc:  # a config the compiler rejects is skipped, not fatal

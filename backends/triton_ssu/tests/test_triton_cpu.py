@@ -16,33 +16,76 @@ from triton_helpers import DEVICE, compare_steps
 
 
 def problem(**fields):
-    base = dict(nheads=4, headdim=8, dstate=16, ngroups=2, state_dtype="fp32", input_dtype="bf16",
-                num_slots=8, max_batch=4, device=DEVICE)
+    base = dict(
+        nheads=4,
+        headdim=8,
+        dstate=16,
+        ngroups=2,
+        state_dtype="fp32",
+        input_dtype="bf16",
+        num_slots=8,
+        max_batch=4,
+        device=DEVICE,
+    )
     base.update(fields)
     return ssu.Problem(**base)
 
 
 problems = st.builds(
     lambda H, G, P, N, state, inp, T, batch: problem(
-        nheads=H, ngroups=G, headdim=P, dstate=N, state_dtype=state, input_dtype=inp, num_slots=batch + 3,
-        max_batch=batch, tokens_per_step=T, speculative=T > 1),
-    H=st.sampled_from([2, 4]), G=st.sampled_from([1, 2]), P=st.sampled_from([4, 5, 8, 16]),
-    N=st.sampled_from([4, 12, 16]), state=st.sampled_from(["fp32", "bf16", "fp16"]),
-    inp=st.sampled_from(["bf16", "fp16", "fp32"]), T=st.sampled_from([1, 1, 2, 3]), batch=st.integers(1, 4))
+        nheads=H,
+        ngroups=G,
+        headdim=P,
+        dstate=N,
+        state_dtype=state,
+        input_dtype=inp,
+        num_slots=batch + 3,
+        max_batch=batch,
+        tokens_per_step=T,
+        speculative=T > 1,
+    ),
+    H=st.sampled_from([2, 4]),
+    G=st.sampled_from([1, 2]),
+    P=st.sampled_from([4, 5, 8, 16]),
+    N=st.sampled_from([4, 12, 16]),
+    state=st.sampled_from(["fp32", "bf16", "fp16"]),
+    inp=st.sampled_from(["bf16", "fp16", "fp32"]),
+    T=st.sampled_from([1, 1, 2, 3]),
+    batch=st.integers(1, 4),
+)
 
 
-schedules = st.one_of(st.none(), st.builds(
-    lambda block_p, warps, tiles, stages, pdl, branchless: {
-        "block_p": block_p, "num_warps": warps, "tiles_per_program": tiles, "loop_stages": stages,
-        "programmatic_launch": pdl,  # ignored on CPU
-        "branchless_inputs": branchless},
-    block_p=st.sampled_from([1, 2, 4, 8]), warps=st.sampled_from([1, 2]), tiles=st.integers(0, 3),
-    stages=st.sampled_from([0, 2, 3]), pdl=st.booleans(), branchless=st.booleans()))
+schedules = st.one_of(
+    st.none(),
+    st.builds(
+        lambda block_p, warps, tiles, stages, pdl, branchless: {
+            "block_p": block_p,
+            "num_warps": warps,
+            "tiles_per_program": tiles,
+            "loop_stages": stages,
+            "programmatic_launch": pdl,  # ignored on CPU
+            "branchless_inputs": branchless,
+        },
+        block_p=st.sampled_from([1, 2, 4, 8]),
+        warps=st.sampled_from([1, 2]),
+        tiles=st.integers(0, 3),
+        stages=st.sampled_from([0, 2, 3]),
+        pdl=st.booleans(),
+        branchless=st.booleans(),
+    ),
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=problems, pad=st.integers(0, 1), options=st.booleans(), int64=st.booleans(), seed=st.integers(0, 2**16),
-       schedule=schedules, data=st.data())
+@given(
+    p=problems,
+    pad=st.integers(0, 1),
+    options=st.booleans(),
+    int64=st.booleans(),
+    seed=st.integers(0, 2**16),
+    schedule=schedules,
+    data=st.data(),
+)
 def test_matches_reference(p, pad, options, int64, seed, schedule, data):
     """Drawn shapes, dtypes, options, pad rows, accepted counts and launch schedules (the default
     per shape, or pinned tiles, warps, tiles per program, pipeline stages and either way of loading
@@ -50,8 +93,16 @@ def test_matches_reference(p, pad, options, int64, seed, schedule, data):
     gen = torch.Generator().manual_seed(seed)
     pad = min(pad, p.max_batch - 1)
     tokens = data.draw(st.integers(1, p.tokens_per_step))
-    compare_steps(p, gen, steps=2, pad=pad, options=options, tokens=tokens,
-                  index_dtype=torch.int64 if int64 else torch.int32, kernel_options=schedule)
+    compare_steps(
+        p,
+        gen,
+        steps=2,
+        pad=pad,
+        options=options,
+        tokens=tokens,
+        index_dtype=torch.int64 if int64 else torch.int32,
+        kernel_options=schedule,
+    )
 
 
 def test_non_power_of_two_shapes_and_layers(gen):
@@ -114,10 +165,16 @@ def test_branchless_inputs_option(setting):
     """``branchless_inputs`` forces either way of loading the optional inputs in every schedule,
     pinned or not; ``auto`` leaves it to the defaults (branch-free for an fp32 state with several
     tokens) and the tuner."""
-    for fields in ({}, {"state_dtype": "bf16", "tokens_per_step": 2, "speculative": True},
-                   {"tokens_per_step": 2, "speculative": True}):
-        expected = int(fields.get("tokens_per_step", 1) > 1 and "state_dtype" not in fields) if setting == "auto" \
+    for fields in (
+        {},
+        {"state_dtype": "bf16", "tokens_per_step": 2, "speculative": True},
+        {"tokens_per_step": 2, "speculative": True},
+    ):
+        expected = (
+            int(fields.get("tokens_per_step", 1) > 1 and "state_dtype" not in fields)
+            if setting == "auto"
             else int(setting)
+        )
         for pins in ({}, {"block_p": 4, "num_warps": 1}):
             options = {"branchless_inputs": setting, "tuning_cache": "", **pins}  # no schedules tuned earlier
             kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": options}), problem(**fields))
@@ -133,8 +190,13 @@ def test_programs_looping_over_pipelined_tiles(headdim, tiles, stages, gen):
     """Programs looping over several tiles (a whole head with tiles 0; a partial last tile when 4
     rows do not divide the head; a pipelined or a plain loop)."""
     p = problem(headdim=headdim, tokens_per_step=2, speculative=True)
-    compare_steps(p, gen, steps=2, pad=1, kernel_options={"block_p": 4, "num_warps": 2, "tiles_per_program": tiles,
-                                                          "loop_stages": stages})
+    compare_steps(
+        p,
+        gen,
+        steps=2,
+        pad=1,
+        kernel_options={"block_p": 4, "num_warps": 2, "tiles_per_program": tiles, "loop_stages": stages},
+    )
 
 
 def test_cpu_needs_the_interpreter(monkeypatch):
@@ -212,8 +274,9 @@ def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
     monkeypatch.setattr(ssu.timing, "graph_time_us", fake_time)
     p = problem(device="cpu")
     configs = [tuning.Schedule(4, 1), tuning.Schedule(2, 1), tuning.Schedule(8, 2)]
-    best, us = tuning.tune_bucket(p, 2, lambda config, *a: timed.append(config), configs, 3, lambda msg: None,
-                                  try_branchless=try_branchless)
+    best, us = tuning.tune_bucket(
+        p, 2, lambda config, *a: timed.append(config), configs, 3, lambda msg: None, try_branchless=try_branchless
+    )
     trial = [tuning.Schedule(2, 1, branchless=1)] if try_branchless else []
     assert timed == configs + trial  # no PDL trial on the CPU
     expected = tuning.Schedule(2, 1, branchless=int(try_branchless and branchless_faster))
@@ -233,8 +296,20 @@ def test_torch_compile_custom_op(gen):
     out = torch.empty_like(inputs["x"])
 
     def layer(x, dt, B, C, z):
-        kernel.step(ts, x, dt, inputs["A"], B, C, slots, D=inputs["D"], z=z, dt_bias=inputs["dt_bias"],
-                    dt_softplus=True, out=out)
+        kernel.step(
+            ts,
+            x,
+            dt,
+            inputs["A"],
+            B,
+            C,
+            slots,
+            D=inputs["D"],
+            z=z,
+            dt_bias=inputs["dt_bias"],
+            dt_softplus=True,
+            out=out,
+        )
         return out * 2
 
     backend = "inductor" if DEVICE == "cuda" else "aot_eager"
@@ -246,15 +321,36 @@ def test_torch_compile_custom_op(gen):
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(state=st.sampled_from(["fp32", "bf16"]), T=st.sampled_from([1, 1, 3]), destinations=st.booleans(),
-       pad_id=st.sampled_from([-1, 0, 99]), int64=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    state=st.sampled_from(["fp32", "bf16"]),
+    T=st.sampled_from([1, 1, 3]),
+    destinations=st.booleans(),
+    pad_id=st.sampled_from([-1, 0, 99]),
+    int64=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_adopted_caches_destinations_and_pad_ids(state, T, destinations, pad_id, int64, seed):
     """An engine's cache (a view with a 2x slot stride) stepped in place, speculative drafts
     committed into it, destination slots, pad ids outside and inside the cache."""
-    p = problem(state_dtype=state, num_slots=11, max_batch=4, tokens_per_step=T, speculative=T > 1,
-                pad_slot_id=pad_id, engine_state=True)
-    compare_steps(p, torch.Generator().manual_seed(seed), steps=3, pad=1, layers=2, adopt=True,
-                  destinations=destinations and T == 1, index_dtype=torch.int64 if int64 else torch.int32)
+    p = problem(
+        state_dtype=state,
+        num_slots=11,
+        max_batch=4,
+        tokens_per_step=T,
+        speculative=T > 1,
+        pad_slot_id=pad_id,
+        engine_state=True,
+    )
+    compare_steps(
+        p,
+        torch.Generator().manual_seed(seed),
+        steps=3,
+        pad=1,
+        layers=2,
+        adopt=True,
+        destinations=destinations and T == 1,
+        index_dtype=torch.int64 if int64 else torch.int32,
+    )
 
 
 def test_destination_slots_on_an_allocated_state(gen):
@@ -283,11 +379,20 @@ def test_dropin_through_triton(gen):
     A = (-torch.rand(4, generator=gen) - 1).to(DEVICE)
     B, C = (torch.randn(3, 2, 16, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
     D = torch.randn(4, generator=gen).to(DEVICE)
-    out = ssu.selective_state_update(cache, x, dt[:, :, None].expand(-1, -1, 8), A[:, None, None].expand(-1, 8, 16),
-                                     B, C, D[:, None].expand(-1, 8), dt_softplus=True,
-                                     config=ssu.Config(backend="triton"))
-    states, outs = oracle.ssu_math64(before[:3], x[:, None], dt[:, None], A, B[:, None], C[:, None], D=D,
-                                     dt_softplus=True)
+    out = ssu.selective_state_update(
+        cache,
+        x,
+        dt[:, :, None].expand(-1, -1, 8),
+        A[:, None, None].expand(-1, 8, 16),
+        B,
+        C,
+        D[:, None].expand(-1, 8),
+        dt_softplus=True,
+        config=ssu.Config(backend="triton"),
+    )
+    states, outs = oracle.ssu_math64(
+        before[:3], x[:, None], dt[:, None], A, B[:, None], C[:, None], D=D, dt_softplus=True
+    )
     assert oracle.rel_error(out[:, None], outs) < oracle.tolerance("fp32", "bf16")
     assert oracle.rel_error(cache[:3], states[:, 0]) < oracle.tolerance("fp32", "bf16")
     assert torch.equal(cache[3:], before[3:])

@@ -32,8 +32,17 @@ SHAPES = {  # (H, P, N, G) of docs/spec.md's models, plus N = 96
 
 def cuda_problem(shape="nemotron-h-8b", **fields):
     H, P, N, G = SHAPES[shape]
-    base = dict(nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype="fp32", input_dtype="bf16",
-                num_slots=96, max_batch=64, device="cuda")
+    base = dict(
+        nheads=H,
+        headdim=P,
+        dstate=N,
+        ngroups=G,
+        state_dtype="fp32",
+        input_dtype="bf16",
+        num_slots=96,
+        max_batch=64,
+        device="cuda",
+    )
     base.update(fields)
     return ssu.Problem(**base)
 
@@ -74,9 +83,11 @@ SECOND_PROCESS = textwrap.dedent("""
 
 def test_tuning_cache_reused_by_a_second_process(tmp_path):
     env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(tmp_path / "tuning.json"))
+
     def process():
-        return subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True,
-                              timeout=600)
+        return subprocess.run(
+            [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600
+        )
 
     first = process()
     assert first.returncode == 0, first.stderr
@@ -90,8 +101,9 @@ def test_tuning_cache_reused_by_a_second_process(tmp_path):
 def test_stochastic_rounding_is_unbiased(gen):
     """Many sequences with the same state and inputs: the mean of the stochastically rounded fp16
     states approaches the exact fp32 value; round-to-nearest keeps its bias."""
-    bias, bias_nearest, spread = stochastic_rounding_bias("triton", gen, nheads=8, headdim=16, dstate=32,
-                                                          ngroups=1, input_dtype="fp32", device="cuda")
+    bias, bias_nearest, spread = stochastic_rounding_bias(
+        "triton", gen, nheads=8, headdim=16, dstate=32, ngroups=1, input_dtype="fp32", device="cuda"
+    )
     assert spread > 0  # stochastic rounding really varies between sequences
     assert bias < 0.5 * bias_nearest, (bias, bias_nearest)
 
@@ -107,20 +119,41 @@ def test_state_tiles_move_in_16_byte_vectors(state_dtype, layer, tiles, gen):
 
     p = cuda_problem(state_dtype=state_dtype, max_batch=8, num_slots=16)
     ssm = torch.randn(2, p.num_slots, 1, p.nheads, p.headdim, p.dstate, device="cuda").to(
-        getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[state_dtype]))
+        getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[state_dtype])
+    )
     slots = torch.arange(8, dtype=torch.int32, device="cuda")
     i = step_inputs(p, slots, gen)
-    compiled = launch_layer(ssm, None, layer, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True,
-                      torch.empty_like(i.x), None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group,
-                      speculative=False, versions=1, block_p=8, num_warps=1 if tiles == 1 else 2, tiles=tiles,
-                      stages=0 if tiles == 1 else 4)
+    compiled = launch_layer(
+        ssm,
+        None,
+        layer,
+        i.x,
+        i.dt,
+        i.A,
+        i.B,
+        i.C,
+        slots,
+        i.D,
+        i.z,
+        i.dt_bias,
+        True,
+        torch.empty_like(i.x),
+        None,
+        pad_slot_id=p.pad_slot_id,
+        heads_per_group=p.heads_per_group,
+        speculative=False,
+        versions=1,
+        block_p=8,
+        num_warps=1 if tiles == 1 else 2,
+        tiles=tiles,
+        stages=0 if tiles == 1 else 4,
+    )
     ptx = compiled.asm["ptx"]
     assert "st.global.v4" in ptx, "state stores are not vectorised"
     if tiles == 1:
         assert ptx.count("ld.global.v4") >= 2, "state loads are not vectorised"
     else:
-        assert re.search(r"cp\.async\.cg\.shared\.global [^;]*\], (16|0x10)\b", ptx), \
-            "no 16-byte cp.async state copies"
+        assert re.search(r"cp\.async\.cg\.shared\.global [^;]*\], (16|0x10)\b", ptx), "no 16-byte cp.async state copies"
 
 
 @pytest.mark.parametrize("tokens", [1, 4])
@@ -133,20 +166,54 @@ def test_programmatic_dependent_launch(tokens, gen):
     from ssu.slot_kernels import commit
 
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
-    options = {"block_p": 8, "num_warps": 2, "tiles_per_program": 4 if tokens == 1 else 1,
-               "loop_stages": 4 if tokens == 1 else 0, "programmatic_launch": True}
+    options = {
+        "block_p": 8,
+        "num_warps": 2,
+        "tiles_per_program": 4 if tokens == 1 else 1,
+        "loop_stages": 4 if tokens == 1 else 0,
+        "programmatic_launch": True,
+    }
     compare_steps(p, gen, steps=3, pad=3, layers=2, kernel_options=options)
     check_cuda_graph(ssu.open(ssu.Config(backend="triton", backends={"triton": options}), p), gen)
     ssm = torch.randn(1, 8, 1, p.nheads, p.headdim, p.dstate, device="cuda")
     slots = torch.arange(8, dtype=torch.int32, device="cuda")
     i = step_inputs(attrs.evolve(p, tokens_per_step=1, speculative=False), slots, gen)
-    compiled = launch_layer(ssm, None, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, True, torch.empty_like(i.x),
-                      None, pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=False,
-                      versions=1, block_p=8, num_warps=1, pdl=1)
+    compiled = launch_layer(
+        ssm,
+        None,
+        0,
+        i.x,
+        i.dt,
+        i.A,
+        i.B,
+        i.C,
+        slots,
+        i.D,
+        i.z,
+        i.dt_bias,
+        True,
+        torch.empty_like(i.x),
+        None,
+        pad_slot_id=p.pad_slot_id,
+        heads_per_group=p.heads_per_group,
+        speculative=False,
+        versions=1,
+        block_p=8,
+        num_warps=1,
+        pdl=1,
+    )
     assert "griddepcontrol.wait" in compiled.asm["ptx"] and "griddepcontrol.launch_dependents" in compiled.asm["ptx"]
     cursor = torch.zeros(8, dtype=torch.int32, device="cuda")
-    compiled = commit(cursor, slots, torch.full((8,), 2, dtype=torch.int32, device="cuda"), faults.allocate("cuda"),
-                      pad_slot_id=p.pad_slot_id, num_slots=8, versions=5, pdl=True)
+    compiled = commit(
+        cursor,
+        slots,
+        torch.full((8,), 2, dtype=torch.int32, device="cuda"),
+        faults.allocate("cuda"),
+        pad_slot_id=p.pad_slot_id,
+        num_slots=8,
+        versions=5,
+        pdl=True,
+    )
     assert "griddepcontrol.wait" in compiled.asm["ptx"] and torch.equal(cursor, torch.full_like(cursor, 2))
 
 
@@ -159,13 +226,18 @@ def test_branchless_inputs_write_the_same_bits(state_dtype, tokens, gen):
     from ssu.inputs import step_inputs
 
     p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
-    pins = {"block_p": 8, "num_warps": 2 if tokens == 1 else 1, "tiles_per_program": 4 if tokens == 1 else 1,
-            "loop_stages": 4 if tokens == 1 else 0}
+    pins = {
+        "block_p": 8,
+        "num_warps": 2 if tokens == 1 else 1,
+        "tiles_per_program": 4 if tokens == 1 else 1,
+        "loop_stages": 4 if tokens == 1 else 0,
+    }
     for branchless in (True, False):
         compare_steps(p, gen, steps=2, pad=3, kernel_options={**pins, "branchless_inputs": branchless})
     K = tokens + 1 if tokens > 1 else 1
     pristine = torch.randn(1, 16, K, p.nheads, p.headdim, p.dstate, device="cuda").to(
-        getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[state_dtype]))
+        getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[state_dtype])
+    )
     cursor = torch.randint(0, K, (16,), dtype=torch.int32, device="cuda") if tokens > 1 else None
     slots = torch.tensor([3, 1, p.pad_slot_id, 7, 0, 12], dtype=torch.int32, device="cuda")
     i = step_inputs(p, slots, gen)
@@ -173,11 +245,32 @@ def test_branchless_inputs_write_the_same_bits(state_dtype, tokens, gen):
         results = []
         for branchless in (0, 1):
             ssm, out = pristine.clone(), torch.zeros_like(i.x)
-            launch_layer(ssm, cursor, 0, i.x, i.dt, i.A, i.B, i.C, slots, i.D if optional else None,
-                   i.z if optional else None, i.dt_bias if optional else None, optional, out, None,
-                   pad_slot_id=p.pad_slot_id, heads_per_group=p.heads_per_group, speculative=p.speculative,
-                   versions=K, block_p=pins["block_p"], num_warps=pins["num_warps"], tiles=pins["tiles_per_program"],
-                   stages=pins["loop_stages"], branchless=branchless)
+            launch_layer(
+                ssm,
+                cursor,
+                0,
+                i.x,
+                i.dt,
+                i.A,
+                i.B,
+                i.C,
+                slots,
+                i.D if optional else None,
+                i.z if optional else None,
+                i.dt_bias if optional else None,
+                optional,
+                out,
+                None,
+                pad_slot_id=p.pad_slot_id,
+                heads_per_group=p.heads_per_group,
+                speculative=p.speculative,
+                versions=K,
+                block_p=pins["block_p"],
+                num_warps=pins["num_warps"],
+                tiles=pins["tiles_per_program"],
+                stages=pins["loop_stages"],
+                branchless=branchless,
+            )
             results.append((ssm, out))
         assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
@@ -188,11 +281,18 @@ def test_adopted_caches_and_destinations_at_model_shapes(state_dtype, tokens, ge
     """An engine's cache (a view into pages twice a slot's size) stepped in place at Nemotron-H-8B
     shapes, drafts committed into it; one-token steps with destination slots and a null block as
     pad id; every other slot and the rest of the pages untouched."""
-    p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1, engine_state=True,
-                     pad_slot_id=0, num_slots=160)  # destinations need slots no row reads
+    p = cuda_problem(
+        state_dtype=state_dtype,
+        tokens_per_step=tokens,
+        speculative=tokens > 1,
+        engine_state=True,
+        pad_slot_id=0,
+        num_slots=160,
+    )  # destinations need slots no row reads
     compare_steps(p, gen, steps=3, pad=3, layers=2, adopt=True, destinations=tokens == 1)
-    compare_steps(cuda_problem(state_dtype=state_dtype, pad_slot_id=199, num_slots=160), gen, steps=2, pad=3,
-                  destinations=True)
+    compare_steps(
+        cuda_problem(state_dtype=state_dtype, pad_slot_id=199, num_slots=160), gen, steps=2, pad=3, destinations=True
+    )
 
 
 def test_ids_outside_the_cache_on_the_gpu(gen):
@@ -220,8 +320,9 @@ def test_dropin_in_a_cuda_graph(gen):
     out = torch.empty_like(x)
 
     def call(cache, target):
-        return ssu.selective_state_update(cache, x, dt, A, B, C, D, dt_bias=D, dt_softplus=True,
-                                          state_batch_indices=slots, out=target, config=config)
+        return ssu.selective_state_update(
+            cache, x, dt, A, B, C, D, dt_bias=D, dt_softplus=True, state_batch_indices=slots, out=target, config=config
+        )
 
     call(graph_cache, out)  # opens, adopts and warms up (tunes) before the capture
     graph_cache.copy_(eager_cache)

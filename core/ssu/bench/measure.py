@@ -60,8 +60,12 @@ class Row:
         return self.case.state_traffic / self.us / 1e6
 
     def to_dict(self) -> dict:
-        return dict(attrs.asdict(self.case), us=round(self.us, 3), tbps=round(self.tbps, 4),
-                    commit_us=None if self.commit_us is None else round(self.commit_us, 3))
+        return dict(
+            attrs.asdict(self.case),
+            us=round(self.us, 3),
+            tbps=round(self.tbps, 4),
+            commit_us=None if self.commit_us is None else round(self.commit_us, 3),
+        )
 
 
 def accepted_counts(batch: int, tokens: int, gen, device, p_accept: float = 0.7):
@@ -87,8 +91,7 @@ def _staggered_cursors(state, problem, options, gen) -> None:
     state.buffers["dt_cache"].abs_().mul_(0.1)
 
 
-def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40,
-            timer: Optional[Callable] = None) -> Row:
+def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, timer: Optional[Callable] = None) -> Row:
     """Median microseconds of one decode step of ``case``; ``config`` (an :class:`ssu.Config`)
     gives the backend's options. ``timer(launches, min_launches=...)`` times a list of zero-argument
     launches (default: CUDA-graph replays, :func:`ssu.timing.graph_time_us`)."""
@@ -106,10 +109,20 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40,
     sets = max(2, min(64, -(-COLD_BYTES // (case.batch * case.slot_bytes * versions))))
     if device != "cuda" and not device.startswith("cuda"):
         sets = 2
-    problem = Problem(nheads=case.nheads, headdim=case.headdim, dstate=case.dstate, ngroups=case.ngroups,
-                      state_dtype=case.state_dtype, input_dtype=case.input_dtype, num_slots=sets * case.batch,
-                      max_batch=case.batch, tokens_per_step=case.tokens, speculative=spec, device=device,
-                      engine_state=case.adopt)
+    problem = Problem(
+        nheads=case.nheads,
+        headdim=case.headdim,
+        dstate=case.dstate,
+        ngroups=case.ngroups,
+        state_dtype=case.state_dtype,
+        input_dtype=case.input_dtype,
+        num_slots=sets * case.batch,
+        max_batch=case.batch,
+        tokens_per_step=case.tokens,
+        speculative=spec,
+        device=device,
+        engine_state=case.adopt,
+    )
     kernel = open_kernel(Config(backend=case.backend, validate=False, backends=config.backends), problem)
     gen = torch.Generator().manual_seed(0)
     if case.adopt:
@@ -126,7 +139,7 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40,
             _staggered_cursors(state, problem, kernel.options, gen)
     weights = layer_weights(problem, gen)
     perm = torch.randperm(problem.num_slots, generator=gen).to(torch.int32).to(device)
-    slot_sets = [perm[i * case.batch:(i + 1) * case.batch].contiguous() for i in range(sets)]
+    slot_sets = [perm[i * case.batch : (i + 1) * case.batch].contiguous() for i in range(sets)]
     inputs = [step_inputs(problem, s, gen, weights=weights).kwargs() for s in slot_sets]
     outs = [torch.empty_like(i["x"]) for i in inputs]
     kernel.warmup(state)
@@ -134,12 +147,16 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40,
     commit_us = None
     if spec:
         accepted = [accepted_counts(case.batch, case.tokens, gen, device) for _ in range(sets)]
-        launches = [(lambda i=i, o=o, s=s, a=a: (step(state, out=o, layer=0, **i), kernel.commit(state, s, a)))
-                    for i, o, s, a in zip(inputs, outs, slot_sets, accepted)]
+        launches = [
+            (lambda i=i, o=o, s=s, a=a: (step(state, out=o, layer=0, **i), kernel.commit(state, s, a)))
+            for i, o, s, a in zip(inputs, outs, slot_sets, accepted)
+        ]
         us = timer(launches, min_launches=iterations)
         if "pnat" not in state.buffers:  # the commit alone, with as many launches per graph
-            commit_us = timer([(lambda s=s, a=a: kernel.commit(state, s, a)) for s, a in zip(slot_sets, accepted)],
-                              min_launches=iterations)
+            commit_us = timer(
+                [(lambda s=s, a=a: kernel.commit(state, s, a)) for s, a in zip(slot_sets, accepted)],
+                min_launches=iterations,
+            )
     else:
         launches = [(lambda i=i, o=o: step(state, out=o, layer=0, **i)) for i, o in zip(inputs, outs)]
         us = timer(launches, min_launches=iterations)

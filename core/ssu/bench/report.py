@@ -25,14 +25,18 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
     best = {}
     for r in rows:
         best[_key(r)] = min(best.get(_key(r), r.us), r.us)
-    lines = [f"{'backend':22s} {'state':5s} {'T':>2s} {'batch':>6s} {'us/step':>10s} {'TB/s':>6s} "
-             f"{'of copy':>8s} {'vs fastest':>10s}"]
+    lines = [
+        f"{'backend':22s} {'state':5s} {'T':>2s} {'batch':>6s} {'us/step':>10s} {'TB/s':>6s} "
+        f"{'of copy':>8s} {'vs fastest':>10s}"
+    ]
     for r in sorted(rows, key=lambda r: (_key(r), r.us)):
         c = r.case
         of_copy = f"{r.tbps / ceiling_tbps:.0%}" if ceiling_tbps else "-"
         ratio = r.us / best[_key(r)]
-        lines.append(f"{c.backend:22s} {c.state_dtype:5s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
-                     f"{of_copy:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}")
+        lines.append(
+            f"{c.backend:22s} {c.state_dtype:5s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
+            f"{of_copy:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}"
+        )
     for name, reason in refused.items():
         lines.append(f"{name:22s} not measured: {reason}")
     return "\n".join(lines)
@@ -93,21 +97,32 @@ def advice(spans: list[Span], rows: list[Row]) -> str:
     wins: dict = {}
     for s in spans:
         wins[s.backend] = wins.get(s.backend, 0) + sum(
-            1 for r in rows if r.case.backend == s.backend and (r.case.state_dtype, r.case.tokens) ==
-            (s.state_dtype, s.tokens) and s.low <= r.case.batch <= s.high)
+            1
+            for r in rows
+            if r.case.backend == s.backend
+            and (r.case.state_dtype, r.case.tokens) == (s.state_dtype, s.tokens)
+            and s.low <= r.case.batch <= s.high
+        )
     order = sorted(wins, key=lambda b: -wins[b])
     fallbacks = [b for b in order[1:]] + (["reference"] if "reference" not in order else [])
     snippet = "[ssu]\n" + f"backend = {json.dumps([order[0], *fallbacks])}"
     if len(order) > 1:
-        lines.append(f"no one backend is fastest at every batch: name the one for the batches you serve; "
-                     f"{order[0]} wins the most measured batches")
+        lines.append(
+            f"no one backend is fastest at every batch: name the one for the batches you serve; "
+            f"{order[0]} wins the most measured batches"
+        )
     return "\n".join(lines) + "\n\nssu.toml:\n" + snippet
 
 
 def write_json(path, rows: list[Row], meta: dict, refused: dict, spans: list[Span]) -> None:
     with open(path, "w") as f:
-        json.dump(dict(meta, rows=[r.to_dict() for r in rows], refused=refused,
-                       recommendation=[attrs.asdict(s) for s in spans]), f, indent=1)
+        json.dump(
+            dict(
+                meta, rows=[r.to_dict() for r in rows], refused=refused, recommendation=[attrs.asdict(s) for s in spans]
+            ),
+            f,
+            indent=1,
+        )
 
 
 def plot(path, rows: list[Row], title: str, ceiling_tbps: Optional[float]) -> bool:
@@ -124,8 +139,10 @@ def plot(path, rows: list[Row], title: str, ceiling_tbps: Optional[float]) -> bo
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.4 * len(groups)), squeeze=False)
     for (state, tokens), (left, right) in zip(groups, axes):
         for backend in sorted({r.case.backend for r in rows}):
-            mine = sorted((r for r in rows if (r.case.backend, r.case.state_dtype, r.case.tokens) ==
-                           (backend, state, tokens)), key=lambda r: r.case.batch)
+            mine = sorted(
+                (r for r in rows if (r.case.backend, r.case.state_dtype, r.case.tokens) == (backend, state, tokens)),
+                key=lambda r: r.case.batch,
+            )
             if mine:
                 batches = [r.case.batch for r in mine]
                 left.plot(batches, [r.us for r in mine], marker="o", label=backend)

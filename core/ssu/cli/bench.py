@@ -30,8 +30,12 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--iterations", type=int, default=40, help="launches per captured CUDA graph (default 40)")
     p.add_argument("--device", default=None, help="cuda (default) or cuda:N; cpu: a labelled smoke run, no benchmark")
     p.add_argument("--out", help="folder for bench.json, bench.png and bench.txt")
-    p.add_argument("--from", dest="saved", metavar="BENCH.json",
-                   help="measure nothing: render a saved run again (table, plot, advice), e.g. on a machine without a GPU")
+    p.add_argument(
+        "--from",
+        dest="saved",
+        metavar="BENCH.json",
+        help="measure nothing: render a saved run again (table, plot, advice), e.g. on a machine without a GPU",
+    )
     p.add_argument("--ceiling", type=float, help="with --from: the copy ceiling in TB/s to state the rows against")
 
 
@@ -58,8 +62,16 @@ def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
     chosen, refused = [], {}
     for name in wanted:
         try:
-            problem = Problem(**fields, state_dtype=states[0], input_dtype=args.input_dtype, num_slots=2,
-                              max_batch=1, tokens_per_step=args.tokens, speculative=args.tokens > 1, device=device)
+            problem = Problem(
+                **fields,
+                state_dtype=states[0],
+                input_dtype=args.input_dtype,
+                num_slots=2,
+                max_batch=1,
+                tokens_per_step=args.tokens,
+                speculative=args.tokens > 1,
+                device=device,
+            )
         except SSUError as exc:
             raise UsageError(str(exc)) from None
         verdict = explain(config.with_backend(name, "ssu bench"), problem, registry)
@@ -82,8 +94,10 @@ def _render_saved(args) -> int:
     try:
         data = json.loads(Path(args.saved).read_text())
         fields = {f.name for f in attrs.fields(measure.Case)}
-        rows = [measure.Row(measure.Case(**{k: r[k] for k in fields if k in r}), r["us"], r.get("commit_us"))
-                for r in data["rows"]]
+        rows = [
+            measure.Row(measure.Case(**{k: r[k] for k in fields if k in r}), r["us"], r.get("commit_us"))
+            for r in data["rows"]
+        ]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--from {args.saved}: not a saved ssu bench run ({exc})") from None
     ceiling = args.ceiling or data.get("ceiling_tbps")
@@ -99,8 +113,9 @@ def _render_saved(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
-        report.write_json(out / "bench.json", rows, dict(data, title=title, ceiling_tbps=ceiling),
-                          data.get("refused", {}), spans)
+        report.write_json(
+            out / "bench.json", rows, dict(data, title=title, ceiling_tbps=ceiling), data.get("refused", {}), spans
+        )
         report.plot(out / "bench.png", rows, title, ceiling)
     return EXIT_OK
 
@@ -118,9 +133,11 @@ def cmd_bench(args, timer=None) -> int:
     device = args.device or "cuda"
     check_device(device)
     if device.startswith("cuda") and not torch.cuda.is_available() and timer is None:
-        raise UsageError("ssu bench times GPU kernels and this machine has no CUDA device; run it on the GPU you "
-                         "serve from (--device cpu times the reference, and triton in its interpreter, as a smoke "
-                         "run only)")
+        raise UsageError(
+            "ssu bench times GPU kernels and this machine has no CUDA device; run it on the GPU you "
+            "serve from (--device cpu times the reference, and triton in its interpreter, as a smoke "
+            "run only)"
+        )
     try:
         batches = report.parse_batches(args.batches)
     except ValueError:
@@ -133,16 +150,22 @@ def cmd_bench(args, timer=None) -> int:
     if "flashinfer-replayssm" not in config.backends:  # its one-kernel path; autotuning each batch takes minutes
         import attrs
 
-        config = attrs.evolve(config, backends={**config.backends,
-                                                "flashinfer-replayssm": {"autotune": False, "algorithm": "monolith"}})
+        config = attrs.evolve(
+            config, backends={**config.backends, "flashinfer-replayssm": {"autotune": False, "algorithm": "monolith"}}
+        )
     chosen, refused = _candidates(args, fields, states, config, device)
     smoke = not device.startswith("cuda")
     if smoke:
         timer = timer or measure.wall_time_us
-    on = "cpu (a smoke run: wall-clock times of the interpreter, not a benchmark)" if smoke else \
-        (torch.cuda.get_device_name(device) if timer is None else "a fake timer")
-    title = (f"ssu bench {datetime.date.today()}, {on}: H={fields['nheads']} P={fields['headdim']} "
-             f"N={fields['dstate']} G={fields['ngroups']}, input {args.input_dtype}, T={args.tokens}")
+    on = (
+        "cpu (a smoke run: wall-clock times of the interpreter, not a benchmark)"
+        if smoke
+        else (torch.cuda.get_device_name(device) if timer is None else "a fake timer")
+    )
+    title = (
+        f"ssu bench {datetime.date.today()}, {on}: H={fields['nheads']} P={fields['headdim']} "
+        f"N={fields['dstate']} G={fields['ngroups']}, input {args.input_dtype}, T={args.tokens}"
+    )
     print(title, flush=True)
     ceiling = None if smoke else measure.copy_ceiling_tbps(device, timer=timer)
     if ceiling:
@@ -158,8 +181,18 @@ def cmd_bench(args, timer=None) -> int:
         for batch in batches:
             for name in chosen:
                 for adopt in (False, True) if args.adopt and name in adopting else (False,):
-                    case = measure.Case(name, fields["nheads"], fields["headdim"], fields["dstate"], fields["ngroups"],
-                                        state, args.input_dtype, args.tokens, batch, adopt)
+                    case = measure.Case(
+                        name,
+                        fields["nheads"],
+                        fields["headdim"],
+                        fields["dstate"],
+                        fields["ngroups"],
+                        state,
+                        args.input_dtype,
+                        args.tokens,
+                        batch,
+                        adopt,
+                    )
                     label = f"{name}{' (adopted cache)' if adopt else ''} state {state} batch {batch}"
                     print(f"  {label}: warming up and timing ...", end="", flush=True, file=sys.stderr)
                     try:
@@ -187,14 +220,23 @@ def cmd_bench(args, timer=None) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
             (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
-            meta = dict(title=title, date=str(datetime.date.today()), device=on, ceiling_tbps=ceiling,
-                        torch=torch.__version__, python=platform.python_version(), versions=_versions(chosen))
+            meta = dict(
+                title=title,
+                date=str(datetime.date.today()),
+                device=on,
+                ceiling_tbps=ceiling,
+                torch=torch.__version__,
+                python=platform.python_version(),
+                versions=_versions(chosen),
+            )
             report.write_json(out / "bench.json", rows, meta, refused, spans)
             plotted = report.plot(out / "bench.png", rows, title, ceiling)
         except OSError as exc:
             raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
-        print(f"\nwrote {out / 'bench.txt'}, {out / 'bench.json'}" + (f", {out / 'bench.png'}" if plotted else
-              " (no plot: pip install 'ssu-core[bench]' for matplotlib)"))
+        print(
+            f"\nwrote {out / 'bench.txt'}, {out / 'bench.json'}"
+            + (f", {out / 'bench.png'}" if plotted else " (no plot: pip install 'ssu-core[bench]' for matplotlib)")
+        )
     return EXIT_OK
 
 

@@ -13,9 +13,15 @@ def add_compare_parser(sub) -> None:
     from ..integrations.hf_models import ARCHITECTURES, PRESETS
 
     p = sub.add_parser("compare", help="a transformers model decoding with its own SSU and through ssu, side by side")
-    p.add_argument("--arch", help=f"architecture with random weights at --preset's mixer shapes: {', '.join(ARCHITECTURES)}")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                   help="mixer shapes of a real model (default tiny: H=8 P=8 N=16 G=2, for a CPU)")
+    p.add_argument(
+        "--arch", help=f"architecture with random weights at --preset's mixer shapes: {', '.join(ARCHITECTURES)}"
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="tiny",
+        help="mixer shapes of a real model (default tiny: H=8 P=8 N=16 G=2, for a CPU)",
+    )
     p.add_argument("--layers", type=int, default=4, help="Mamba2 layers of the random model (default 4)")
     p.add_argument("--vocab", type=int, default=1024, help="vocabulary of the random model (default 1024)")
     p.add_argument("--checkpoint", help="a local checkpoint folder instead of random weights (nothing is downloaded)")
@@ -41,10 +47,14 @@ def _model(args):
     if len(given) != 1:
         raise UsageError("give one of --arch (random weights), --checkpoint (a local folder) or --hub (a hub name)")
     if args.arch:
-        return hf_models.random_model(args.arch, args.preset, args.layers, vocab=args.vocab, dtype=dtype,
-                                      device=args.device, seed=args.seed), f"{args.arch} (random weights, preset " \
-            f"{args.preset}: H={hf_models.PRESETS[args.preset][0]} P={hf_models.PRESETS[args.preset][1]} " \
-            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, {args.layers} layers)"
+        return (
+            hf_models.random_model(
+                args.arch, args.preset, args.layers, vocab=args.vocab, dtype=dtype, device=args.device, seed=args.seed
+            ),
+            f"{args.arch} (random weights, preset "
+            f"{args.preset}: H={hf_models.PRESETS[args.preset][0]} P={hf_models.PRESETS[args.preset][1]} "
+            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, {args.layers} layers)",
+        )
     where = args.checkpoint or args.hub
     return hf_models.pretrained_model(where, hub=bool(args.hub), dtype=dtype, device=args.device), where
 
@@ -70,8 +80,11 @@ def cmd_compare(args) -> int:
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen).to(args.device)
-    print(f"ssu compare: {what}, {args.dtype}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new "
-          f"tokens, {args.device}", flush=True)
+    print(
+        f"ssu compare: {what}, {args.dtype}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new "
+        f"tokens, {args.device}",
+        flush=True,
+    )
     result = hf_models.compare(model, ids, args.new_tokens, config=config, null=not args.no_share)
     backend = ssu_backend(model)
     rows = [("transformers", result.reference), (f"ssu ({backend})", result.through_ssu)]
@@ -85,11 +98,16 @@ def cmd_compare(args) -> int:
     total = result.reference.logits.shape[0] * result.reference.logits.shape[1]
     equal = round(result.agreement * total)
     first = result.first_divergence()
-    print(f"tokens: {equal}/{total} equal ({100 * result.agreement:.1f} %); largest logit difference "
-          f"{result.max_logit_difference():.2e}" + ("" if first is None else " up to the first divergence"))
+    print(
+        f"tokens: {equal}/{total} equal ({100 * result.agreement:.1f} %); largest logit difference "
+        f"{result.max_logit_difference():.2e}" + ("" if first is None else " up to the first divergence")
+    )
     if first is not None:
-        verdict = ("within rounding: transformers' own top-two logits there are closer than the paths differ"
-                   if result.divergence_within_rounding() else "NOT explained by rounding")
+        verdict = (
+            "within rounding: transformers' own top-two logits there are closer than the paths differ"
+            if result.divergence_within_rounding()
+            else "NOT explained by rounding"
+        )
         print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
     print("(ms/token: the median decode step after the first token; SSU share: against a run whose SSU returns zeros)")
     return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG

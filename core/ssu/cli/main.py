@@ -34,7 +34,9 @@ def _parser() -> Parser:
 
     p = sub.add_parser("backends", help="list installed backends with status and capabilities")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--device", default=None, help="device to probe availability on (default: cuda if present, else cpu)")
+    p.add_argument(
+        "--device", default=None, help="device to probe availability on (default: cuda if present, else cpu)"
+    )
     p.add_argument("--no-probe", action="store_true", help="read metadata only: import no backend")
 
     p = sub.add_parser("explain", help="which backend would serve a problem, and every other backend's verdict")
@@ -58,7 +60,9 @@ def _parser() -> Parser:
     p = sub.add_parser("verify", help="run the conformance checks on a backend, here")
     p.add_argument("--config", help="take the backend and its options from this file")
     p.add_argument("--backend", help="backend to check (default: the configured one; auto: what auto selects)")
-    p.add_argument("--device", default=None, help="device (default: cuda if the backend supports it and one is present)")
+    p.add_argument(
+        "--device", default=None, help="device (default: cuda if the backend supports it and one is present)"
+    )
 
     p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
     p.add_argument("name", help="backend name, e.g. mykernel (the distribution is ssu-backend-NAME)")
@@ -104,12 +108,21 @@ def cmd_backends(args) -> int:
             print(f"      reason: {info.reason}")
         if info.capabilities is not None:
             c = info.capabilities
-            extras = [name for name, on in (("speculative", c.speculative), ("cuda graphs", c.cuda_graphs),
-                                             ("adopts engine caches", c.adopt_state),
-                                             ("destination slots", c.destination_slots)) if on]
-            print(f"      devices {','.join(sorted(c.devices))}; state {','.join(sorted(c.state_dtypes))}; "
-                  f"inputs {','.join(sorted(c.input_dtypes))}; tokens/step <= {c.max_tokens_per_step}"
-                  + "".join(f"; {e}" for e in extras))
+            extras = [
+                name
+                for name, on in (
+                    ("speculative", c.speculative),
+                    ("cuda graphs", c.cuda_graphs),
+                    ("adopts engine caches", c.adopt_state),
+                    ("destination slots", c.destination_slots),
+                )
+                if on
+            ]
+            print(
+                f"      devices {','.join(sorted(c.devices))}; state {','.join(sorted(c.state_dtypes))}; "
+                f"inputs {','.join(sorted(c.input_dtypes))}; tokens/step <= {c.max_tokens_per_step}"
+                + "".join(f"; {e}" for e in extras)
+            )
     return EXIT_OK
 
 
@@ -138,8 +151,10 @@ def cmd_check_config(args) -> int:
     if path is None:
         found = find_config_file()
         if found is None:
-            print(f"no config file in {os.getcwd()} (ssu.toml, or pyproject.toml with [tool.ssu]): the defaults "
-                  "apply (backend = reference, validate = true)")
+            print(
+                f"no config file in {os.getcwd()} (ssu.toml, or pyproject.toml with [tool.ssu]): the defaults "
+                "apply (backend = reference, validate = true)"
+            )
             return EXIT_OK
         path = str(found)
     config = load_config(path, env={}, search=False)
@@ -173,12 +188,16 @@ def _check_run_args(args, problem) -> None:
     if args.check_every < 0:
         raise UsageError(f"--check-every must be 0 (never) or more, got {args.check_every}")
     if not 0 <= args.pad_rows < args.batch:
-        raise UsageError(f"--pad-rows must be 0 to {args.batch - 1} (at least one real row of --batch {args.batch}), "
-                         f"got {args.pad_rows}")
+        raise UsageError(
+            f"--pad-rows must be 0 to {args.batch - 1} (at least one real row of --batch {args.batch}), "
+            f"got {args.pad_rows}"
+        )
     real = args.batch - args.pad_rows
     if real > usable_slots(problem):
-        raise UsageError(f"--batch {args.batch} with --pad-rows {args.pad_rows} needs {real} distinct slots; --slots "
-                         f"{problem.num_slots} has {usable_slots(problem)}: give --slots {real} or more")
+        raise UsageError(
+            f"--batch {args.batch} with --pad-rows {args.pad_rows} needs {real} distinct slots; --slots "
+            f"{problem.num_slots} has {usable_slots(problem)}: give --slots {real} or more"
+        )
 
 
 def _check_memory(problem, layers: int) -> None:
@@ -188,9 +207,11 @@ def _check_memory(problem, layers: int) -> None:
     needed = memory_needed(problem, layers)
     available = available_bytes(problem.device)
     if available is not None and needed > available:
-        raise UsageError(f"this run needs about {gib(needed)} ({layers} layers x {problem.num_slots} slots of "
-                         f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
-                         f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes")
+        raise UsageError(
+            f"this run needs about {gib(needed)} ({layers} layers x {problem.num_slots} slots of "
+            f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
+            f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes"
+        )
 
 
 def cmd_run(args) -> int:
@@ -205,8 +226,16 @@ def cmd_run(args) -> int:
     print(f"ssu run: backend {kernel.backend} ({kernel.distribution}); {problem.describe()}", flush=True)
     bar = Progress(args.steps, "decode")
     try:
-        report = decode_run(kernel, layers=args.layers, steps=args.steps, batch=args.batch, seed=args.seed,
-                            pad_rows=args.pad_rows, check_every=args.check_every, progress=bar)
+        report = decode_run(
+            kernel,
+            layers=args.layers,
+            steps=args.steps,
+            batch=args.batch,
+            seed=args.seed,
+            pad_rows=args.pad_rows,
+            check_every=args.check_every,
+            progress=bar,
+        )
     finally:
         bar.close()
     print(report.summary())
@@ -261,7 +290,7 @@ def cmd_new_backend(args) -> int:
 
     root = write_backend(args.name, args.dir, force=args.force)
     print(f"wrote {root}/ (backend {args.name!r}, module {module_name(args.name)})")
-    print(f"next: pip install -e \"{root}[test]\" && (cd {root} && pytest)")
+    print(f'next: pip install -e "{root}[test]" && (cd {root} && pytest)')
     return EXIT_OK
 
 
@@ -269,9 +298,16 @@ def _commands() -> dict:
     from .bench import cmd_bench
     from .compare import cmd_compare
 
-    return {"new-backend": cmd_new_backend, "backends": cmd_backends, "explain": cmd_explain,
-            "check-config": cmd_check_config, "run": cmd_run, "verify": cmd_verify, "compare": cmd_compare,
-            "bench": cmd_bench}
+    return {
+        "new-backend": cmd_new_backend,
+        "backends": cmd_backends,
+        "explain": cmd_explain,
+        "check-config": cmd_check_config,
+        "run": cmd_run,
+        "verify": cmd_verify,
+        "compare": cmd_compare,
+        "bench": cmd_bench,
+    }
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

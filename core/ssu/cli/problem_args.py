@@ -64,12 +64,23 @@ def problem_from_args(args: argparse.Namespace):
         if value is not None:
             shapes[key] = value
     try:
-        return Problem(**shapes, state_dtype=args.state_dtype, input_dtype=args.input_dtype,
-                       num_slots=args.slots if args.slots is not None else 2 * args.batch, max_batch=args.batch,
-                       tokens_per_step=args.tokens, speculative=args.tokens > 1, device=args.device)
+        return Problem(
+            **shapes,
+            state_dtype=args.state_dtype,
+            input_dtype=args.input_dtype,
+            num_slots=args.slots if args.slots is not None else 2 * args.batch,
+            max_batch=args.batch,
+            tokens_per_step=args.tokens,
+            speculative=args.tokens > 1,
+            device=args.device,
+        )
     except ConfigError as exc:
         message = str(exc)
-        for field, option in (("state_dtype", "--state-dtype"), ("input_dtype", "--input-dtype"),
-                              ("nheads", "--nheads"), ("ngroups", "--ngroups")):
+        for field, option in (
+            ("state_dtype", "--state-dtype"),
+            ("input_dtype", "--input-dtype"),
+            ("nheads", "--nheads"),
+            ("ngroups", "--ngroups"),
+        ):
             message = message.replace(f"Problem.{field}", option).replace(f"{field}=", f"{option} ")
         raise UsageError(message) from None

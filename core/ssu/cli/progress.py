@@ -22,8 +22,9 @@ class Progress:
         width = 30
         filled = int(width * done / self.total)
         elapsed = time.perf_counter() - self.start
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
-                          f"{elapsed:5.1f}s")
+        self.stream.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {elapsed:5.1f}s"
+        )
         self.stream.flush()
 
     def close(self) -> None:

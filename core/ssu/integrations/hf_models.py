@@ -38,27 +38,61 @@ def config_fields(arch: str, H: int, P: int, N: int, G: int, layers: int, vocab:
     hidden = H * P // 2
     heads = max(2, hidden // 128)
     attention = dict(num_attention_heads=heads, num_key_value_heads=1, intermediate_size=2 * hidden)
-    mamba = dict(mamba_n_heads=H, mamba_d_head=P, mamba_d_state=N, mamba_n_groups=G, hidden_size=hidden,
-                 vocab_size=vocab)
+    mamba = dict(
+        mamba_n_heads=H, mamba_d_head=P, mamba_d_state=N, mamba_n_groups=G, hidden_size=hidden, vocab_size=vocab
+    )
     if arch == "mamba2":
-        return dict(num_heads=H, head_dim=P, hidden_size=hidden, state_size=N, n_groups=G, expand=2,
-                    num_hidden_layers=layers, vocab_size=vocab)
+        return dict(
+            num_heads=H,
+            head_dim=P,
+            hidden_size=hidden,
+            state_size=N,
+            n_groups=G,
+            expand=2,
+            num_hidden_layers=layers,
+            vocab_size=vocab,
+        )
     if arch == "nemotron_h":
-        return dict(mamba_num_heads=H, mamba_head_dim=P, hidden_size=hidden, ssm_state_size=N, n_groups=G,
-                    num_hidden_layers=layers + 1, hybrid_override_pattern="M" * layers + "*", vocab_size=vocab,
-                    **attention)
+        return dict(
+            mamba_num_heads=H,
+            mamba_head_dim=P,
+            hidden_size=hidden,
+            ssm_state_size=N,
+            n_groups=G,
+            num_hidden_layers=layers + 1,
+            hybrid_override_pattern="M" * layers + "*",
+            vocab_size=vocab,
+            **attention,
+        )
     if arch == "falcon_h1":  # attention runs beside the mixer in every layer
         return dict(mamba, mamba_d_ssm=H * P, num_hidden_layers=layers, mamba_rms_norm=False, **attention)
     if arch == "bamba":
         return dict(mamba, mamba_expand=2, attn_layer_indices=[layers], num_hidden_layers=layers + 1, **attention)
     if arch == "granitemoehybrid":
-        return dict(mamba, mamba_expand=2, layer_types=["mamba"] * layers + ["attention"],
-                    num_hidden_layers=layers + 1, num_local_experts=2, num_experts_per_tok=1,
-                    shared_intermediate_size=2 * hidden, **attention)
+        return dict(
+            mamba,
+            mamba_expand=2,
+            layer_types=["mamba"] * layers + ["attention"],
+            num_hidden_layers=layers + 1,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            shared_intermediate_size=2 * hidden,
+            **attention,
+        )
     if arch == "zamba2":
-        return dict(n_mamba_heads=H, mamba_headdim=P, mamba_d_state=N, mamba_ngroups=G, hidden_size=hidden,
-                    vocab_size=vocab, mamba_expand=2, layers_block_type=["mamba"] * layers + ["hybrid"],
-                    num_hidden_layers=layers + 1, attention_head_dim=2 * hidden // heads, **attention)
+        return dict(
+            n_mamba_heads=H,
+            mamba_headdim=P,
+            mamba_d_state=N,
+            mamba_ngroups=G,
+            hidden_size=hidden,
+            vocab_size=vocab,
+            mamba_expand=2,
+            layers_block_type=["mamba"] * layers + ["hybrid"],
+            num_hidden_layers=layers + 1,
+            attention_head_dim=2 * hidden // heads,
+            **attention,
+        )
     raise ConfigError(_unknown_arch(arch))
 
 
@@ -66,14 +100,28 @@ def _unknown_arch(arch: str) -> str:
     from ..options import did_you_mean
 
     if arch in MAMBA1:
-        return (f"--arch {arch}: a Mamba-1 architecture (its SSU takes parameters that vary along the head "
-                f"dimension), which ssu does not serve; use one of {', '.join(ARCHITECTURES)}")
-    return f"--arch {arch!r} is not a Mamba2-family architecture{did_you_mean(arch, ARCHITECTURES)}; use one of " \
-           f"{', '.join(ARCHITECTURES)}"
+        return (
+            f"--arch {arch}: a Mamba-1 architecture (its SSU takes parameters that vary along the head "
+            f"dimension), which ssu does not serve; use one of {', '.join(ARCHITECTURES)}"
+        )
+    return (
+        f"--arch {arch!r} is not a Mamba2-family architecture{did_you_mean(arch, ARCHITECTURES)}; use one of "
+        f"{', '.join(ARCHITECTURES)}"
+    )
 
 
-def random_model(arch: str, preset: str, layers: int, *, vocab: int = 1024, dtype=None, device: str = "cpu",
-                 seed: int = 0, shapes: Optional[tuple] = None, chunk_size: Optional[int] = None):
+def random_model(
+    arch: str,
+    preset: str,
+    layers: int,
+    *,
+    vocab: int = 1024,
+    dtype=None,
+    device: str = "cpu",
+    seed: int = 0,
+    shapes: Optional[tuple] = None,
+    chunk_size: Optional[int] = None,
+):
     """A causal LM of ``arch`` with random weights (seeded) at ``preset``'s mixer shapes, its
     mixers' dt_bias and A_log drawn as in a trained model (transformers' initial dt is about
     0.01, under which a decode step barely changes the state)."""
@@ -90,8 +138,9 @@ def random_model(arch: str, preset: str, layers: int, *, vocab: int = 1024, dtyp
     try:
         config = AutoConfig.for_model(arch, **fields)
     except (ValueError, TypeError) as exc:  # transformers' own validation of the config
-        raise ConfigError(f"transformers refuses a {arch} config of H={H} P={P} N={N} G={G}: "
-                          f"{str(exc).splitlines()[-1]}") from None
+        raise ConfigError(
+            f"transformers refuses a {arch} config of H={H} P={P} N={N} G={G}: {str(exc).splitlines()[-1]}"
+        ) from None
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
     with torch.no_grad():  # a trained layer's dt is around 1: each decode step moves the state visibly
@@ -111,8 +160,11 @@ def pretrained_model(where: str, *, hub: bool, dtype=None, device: str = "cpu"):
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype or torch.float32, local_files_only=not hub)
     except OSError as exc:
-        what = f"the hub model {where!r} could not be loaded (offline, or no such model?)" if hub else \
-            f"no checkpoint in {where!r} (a folder with config.json and weights)"
+        what = (
+            f"the hub model {where!r} could not be loaded (offline, or no such model?)"
+            if hub
+            else f"no checkpoint in {where!r} (a folder with config.json and weights)"
+        )
         raise ConfigError(f"{what}: {str(exc).splitlines()[0]}") from None
     return model.to(device).eval()
 
@@ -129,8 +181,11 @@ class Generation:
     def recurrent_states(self) -> list:
         """The cache's SSM state tensor of each Mamba2 layer, in layer order."""
         layers = getattr(self.cache, "layers", [])
-        return [layer.recurrent_states[0] for layer in layers
-                if getattr(layer, "recurrent_states", None) and layer.recurrent_states[0] is not None]
+        return [
+            layer.recurrent_states[0]
+            for layer in layers
+            if getattr(layer, "recurrent_states", None) and layer.recurrent_states[0] is not None
+        ]
 
     @property
     def per_token(self) -> float:
@@ -156,11 +211,20 @@ def generate(model, input_ids, new_tokens: int, *, attention_mask=None, **kwargs
 
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, return_dict_in_generate=True, output_logits=True,
-                         logits_processor=LogitsProcessorList([Clock()]), **kwargs)
-    return Generation(out.sequences, torch.stack(out.logits, 1), [b - a for a, b in zip(stamps, stamps[1:])],
-                      out.past_key_values)
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_logits=True,
+        logits_processor=LogitsProcessorList([Clock()]),
+        **kwargs,
+    )
+    return Generation(
+        out.sequences, torch.stack(out.logits, 1), [b - a for a, b in zip(stamps, stamps[1:])], out.past_key_values
+    )
 
 
 def cache_keyword(model) -> str:
@@ -214,8 +278,9 @@ class Comparison:
         return bool(top[0] - top[1] <= 2 * gap)
 
 
-def compare(model, input_ids, new_tokens: int, *, config=None, attention_mask=None, null: bool = False,
-            warm: bool = True) -> Comparison:
+def compare(
+    model, input_ids, new_tokens: int, *, config=None, attention_mask=None, null: bool = False, warm: bool = True
+) -> Comparison:
     """Greedy generation with transformers' own path, then through ssu (``patch(model, config)``),
     each warmed up first; with ``null`` also with the SSU replaced by one that returns zeros, so
     that the SSU's share of a token's time is the difference."""

@@ -100,20 +100,32 @@ def find_mixers(model) -> list:
         raise UnsupportedModelError(
             f"{type(model).__name__} has Mamba-1 mixers ({', '.join(sorted(set(mamba1)))}): their SSU takes parameters "
             "that vary along the head dimension, which ssu does not serve; ssu patches Mamba2-family models (Mamba2, "
-            "NemotronH, FalconH1, Bamba, GraniteMoeHybrid, Zamba2)")
+            "NemotronH, FalconH1, Bamba, GraniteMoeHybrid, Zamba2)"
+        )
     if not mixers:
-        raise UnsupportedModelError(f"{type(model).__name__} has no Mamba2 mixer (no module calling {FUNCTION}); "
-                                    "ssu patches Mamba2-family models (Mamba2, NemotronH, FalconH1, Bamba, "
-                                    "GraniteMoeHybrid, Zamba2)")
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no Mamba2 mixer (no module calling {FUNCTION}); "
+            "ssu patches Mamba2-family models (Mamba2, NemotronH, FalconH1, Bamba, "
+            "GraniteMoeHybrid, Zamba2)"
+        )
     return mixers
 
 
 def _mixer_problem(mixer, device, dtype):
     from ..problem import Problem
 
-    return Problem(nheads=mixer.num_heads, headdim=mixer.head_dim, dstate=mixer.ssm_state_size,
-                   ngroups=mixer.n_groups, state_dtype="fp32", input_dtype=dtype, num_slots=1, max_batch=1,
-                   device=str(device), engine_state=True)
+    return Problem(
+        nheads=mixer.num_heads,
+        headdim=mixer.head_dim,
+        dstate=mixer.ssm_state_size,
+        ngroups=mixer.n_groups,
+        state_dtype="fp32",
+        input_dtype=dtype,
+        num_slots=1,
+        max_batch=1,
+        device=str(device),
+        engine_state=True,
+    )
 
 
 def _check_served(mixers, config) -> None:
@@ -155,8 +167,10 @@ def patch(model, config=None, **options) -> Patch:
     from ..dropin import selective_state_update
 
     if getattr(model, "_ssu_patch", None) is not None:
-        raise ConfigError(f"{type(model).__name__} is patched already; call .undo() on its patch (model._ssu_patch) "
-                          "before patching it again")
+        raise ConfigError(
+            f"{type(model).__name__} is patched already; call .undo() on its patch (model._ssu_patch) "
+            "before patching it again"
+        )
     if config is not None and options:
         raise ConfigError("patch: give a config or its fields as keyword arguments, not both")
     if config is None:
@@ -174,11 +188,15 @@ def patch(model, config=None, **options) -> Patch:
         _patched_modules[name][1] += 1
     for mixer in result.mixers:
         tokens: list = []
-        result.hooks.append(mixer.register_forward_pre_hook(
-            lambda module, args, tokens=tokens: tokens.append(_running.set(config))))
-        result.hooks.append(mixer.register_forward_hook(
-            lambda module, args, output, tokens=tokens: _running.reset(tokens.pop()) if tokens else None,
-            always_call=True))
+        result.hooks.append(
+            mixer.register_forward_pre_hook(lambda module, args, tokens=tokens: tokens.append(_running.set(config)))
+        )
+        result.hooks.append(
+            mixer.register_forward_hook(
+                lambda module, args, output, tokens=tokens: _running.reset(tokens.pop()) if tokens else None,
+                always_call=True,
+            )
+        )
     model._ssu_patch = result
     return result
 
@@ -191,12 +209,14 @@ def _dispatcher(original, selective_state_update):
 
     selective_state_update = torch.compiler.disable(selective_state_update)
 
-    def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
-                                      z=None, **kwargs):
+    def mamba2_selective_state_update(
+        state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **kwargs
+    ):
         config = _running.get()
         if config is None:
-            return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
-                            **kwargs)
+            return original(
+                state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z, **kwargs
+            )
         return selective_state_update(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=config)
 
     mamba2_selective_state_update.__wrapped__ = original

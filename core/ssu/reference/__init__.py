@@ -25,9 +25,16 @@ def ssu_backend():
         name=NAME,
         api_version=PLUGIN_API_VERSION,
         factory=_factory,
-        capabilities=Capabilities(devices={"cpu", "cuda", "mps", "xpu"}, max_tokens_per_step=64, speculative=True,
-                                  adopt_state=True, destination_slots=True, any_pad_slot_id=True,
-                                  guards_slots=True, tied_inputs=True),
+        capabilities=Capabilities(
+            devices={"cpu", "cuda", "mps", "xpu"},
+            max_tokens_per_step=64,
+            speculative=True,
+            adopt_state=True,
+            destination_slots=True,
+            any_pad_slot_id=True,
+            guards_slots=True,
+            tied_inputs=True,
+        ),
         description="pure PyTorch reference (fp32 math); the correctness oracle, works anywhere",
         url="https://github.com/ssu-project/ssu",
         priority=-1000,
@@ -42,5 +49,10 @@ def ssu_probe(device):
 
 
 # state, commit, read and write: the versioned-slot layout shared with the other built-in backends
-from ..slot_state import (ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state,  # noqa: E402,F401
-                          ssu_write_state)
+from ..slot_state import (  # noqa: E402, F401 - registered as this backend's hooks
+    ssu_adopt_state,
+    ssu_allocate_state,
+    ssu_commit,
+    ssu_read_state,
+    ssu_write_state,
+)

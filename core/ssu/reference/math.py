@@ -3,7 +3,8 @@
 Within one step the T tokens of a sequence chain in fp32; each token's state is written to the
 cache rounded to its dtype (round to nearest). A row reads a zero state when its slot is the pad
 id or outside the cache (the latter recorded in the kernel's fault record) and then writes no state;
-a row with a real slot writes none when its destination is the pad id or outside the cache. Slow on purpose: it is the oracle, not a contender.
+a row with a real slot writes none when its destination is the pad id or outside the cache. Slow on
+purpose: it is the oracle, not a contender.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def make_step(ctx):
         real = slot_state.real_rows(p, ids)
         return real, torch.where(real, ids, torch.zeros_like(ids)).long()
 
-    def step(state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
-             dst_slots=None):
+    def step(
+        state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0, dst_slots=None
+    ):
         if out is None:
             out = torch.empty_like(x)
         dt, A, D, dt_bias = per_head(x, dt, A, D, dt_bias)
@@ -61,20 +63,20 @@ def make_step(ctx):
             keep, dst = valid, idx
         else:
             keep, dst = rows_of(dst_slots, faults.DST_SLOTS)
-            keep = keep & valid                                 # a pad row writes nothing
+            keep = keep & valid  # a pad row writes nothing
         cursor = slot_state.uses_cursor(state)
         cur = slot_state.current_version(state, idx) if cursor else torch.zeros_like(idx)
         s = views.read[idx, cur].float()
-        s[~valid] = 0.0                                         # a pad row reads a zero state
+        s[~valid] = 0.0  # a pad row reads a zero state
         Af = A.float()
         for t in range(xs.shape[1]):
             d = dts[:, t].float()
             if dt_bias is not None:
                 d = d + dt_bias.float()
             if dt_softplus:
-                d = F.softplus(d)                               # threshold 20: identity above
-            dA = torch.exp(Af * d)                              # (b, H)
-            xt = xs[:, t].float()                               # (b, H, P)
+                d = F.softplus(d)  # threshold 20: identity above
+            dA = torch.exp(Af * d)  # (b, H)
+            xt = xs[:, t].float()  # (b, H, P)
             Bh = Bs[:, t].float().repeat_interleave(hpg, dim=1)  # (b, H, N)
             Ch = Cs[:, t].float().repeat_interleave(hpg, dim=1)
             s = s * dA[:, :, None, None] + (d[:, :, None] * xt)[..., None] * Bh[:, :, None, :]

@@ -49,14 +49,18 @@ def problems(capabilities, device: str):
         T = draw(st.integers(1, max_tokens))
         slots = draw(st.integers(2, 9))
         return Problem(
-            nheads=H, ngroups=G,
+            nheads=H,
+            ngroups=G,
             headdim=draw(sizes(capabilities.headdims, [1, 4, 5, 8, 16])),
             dstate=draw(sizes(capabilities.dstates, [1, 4, 12, 16])),
             state_dtype=draw(st.sampled_from(sorted(capabilities.state_dtypes))),
             input_dtype=draw(st.sampled_from(sorted(capabilities.input_dtypes))),
-            num_slots=slots, max_batch=draw(st.integers(1, slots)),
-            tokens_per_step=T, speculative=T > 1 or (capabilities.speculative and draw(st.booleans())),
-            device=device)
+            num_slots=slots,
+            max_batch=draw(st.integers(1, slots)),
+            tokens_per_step=T,
+            speculative=T > 1 or (capabilities.speculative and draw(st.booleans())),
+            device=device,
+        )
 
     return draw_problem()
 
@@ -69,8 +73,15 @@ def default_device(capabilities) -> str:
     return "cpu" if "cpu" in capabilities.devices else sorted(capabilities.devices)[0]
 
 
-def assert_conformant(backend: str, *, checks: Optional[Iterable[str]] = None, max_examples: int = 10,
-                      device: Optional[str] = None, options: Optional[dict] = None, registry=None) -> None:
+def assert_conformant(
+    backend: str,
+    *,
+    checks: Optional[Iterable[str]] = None,
+    max_examples: int = 10,
+    device: Optional[str] = None,
+    options: Optional[dict] = None,
+    registry=None,
+) -> None:
     """Run the conformance checks against installed (or registered) ``backend``.
 
     Raises ``AssertionError`` on the first wrong result (after hypothesis shrinks it) and
@@ -100,15 +111,22 @@ def assert_conformant(backend: str, *, checks: Optional[Iterable[str]] = None, m
     skipped: list = []
     ran: list = []
 
-    @settings(max_examples=max_examples, deadline=None, database=None, report_multiple_bugs=False, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(problem=problems(capabilities, device), seed=st.integers(0, 2**31 - 1))
     def run(problem, seed):
         try:
             kernel = open_backend(backend, problem, registry, options)
         except SSUError as exc:
-            raise AssertionError(f"backend {backend!r} refused a problem inside its declared capabilities "
-                                 f"({problem.describe()}): {exc}") from None
+            raise AssertionError(
+                f"backend {backend!r} refused a problem inside its declared capabilities ({problem.describe()}): {exc}"
+            ) from None
         for name in selected:
             try:
                 CHECKS[name][0](kernel, torch.Generator().manual_seed(seed))
@@ -116,8 +134,9 @@ def assert_conformant(backend: str, *, checks: Optional[Iterable[str]] = None, m
             except conformance.CheckSkipped as exc:
                 skipped.append(f"check {name!r}: {exc}")
             except conformance.CheckFailure as exc:
-                raise AssertionError(f"check {name!r} failed for backend {backend!r} on {problem.describe()}: "
-                                     f"{exc}") from None
+                raise AssertionError(
+                    f"check {name!r} failed for backend {backend!r} on {problem.describe()}: {exc}"
+                ) from None
 
     run()
     if skipped and not ran:  # not one drawn problem could run the checks

@@ -1,7 +1,10 @@
 """pytest plugin of the conformance kit (entry point ``pytest11: ssu``).
 
-It only adds options; nothing is imported or collected unless ``--ssu-backend`` is given, in
-which case the suite module :mod:`ssu.testing.suite` is added to the collected paths.
+It adds options, and the ``gpu`` marker that every ssu distribution's GPU tests carry: such a test
+is skipped, with the reason, where no CUDA device is visible (so that ``pytest`` inside one
+backend's folder behaves as it does from the repository). Nothing else is imported or collected
+unless ``--ssu-backend`` is given, in which case the suite module :mod:`ssu.testing.suite` is
+added to the collected paths.
 """
 
 from __future__ import annotations
@@ -11,16 +14,32 @@ from pathlib import Path
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("ssu", "ssu conformance suite")
-    group.addoption("--ssu-backend", action="store", default=None, metavar="NAME",
-                    help="run the ssu conformance suite against installed backend NAME")
-    group.addoption("--ssu-examples", action="store", type=int, default=10, metavar="N",
-                    help="problems hypothesis draws per conformance check (default 10)")
-    group.addoption("--ssu-device", action="store", default=None, metavar="DEVICE",
-                    help="device for the conformance suite (default: cuda if the backend supports it and "
-                         "one is present, else cpu)")
+    group.addoption(
+        "--ssu-backend",
+        action="store",
+        default=None,
+        metavar="NAME",
+        help="run the ssu conformance suite against installed backend NAME",
+    )
+    group.addoption(
+        "--ssu-examples",
+        action="store",
+        type=int,
+        default=10,
+        metavar="N",
+        help="problems hypothesis draws per conformance check (default 10)",
+    )
+    group.addoption(
+        "--ssu-device",
+        action="store",
+        default=None,
+        metavar="DEVICE",
+        help="device for the conformance suite (default: cuda if the backend supports it and one is present, else cpu)",
+    )
 
 
 def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     name = config.getoption("ssu_backend", None)
     if not name:
         return
@@ -34,3 +53,18 @@ def pytest_configure(config) -> None:
     except SSUError as exc:
         raise pytest.UsageError(f"--ssu-backend {name}: {exc}") from None
     config.args.append(str(Path(__file__).with_name("suite.py")))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` skip without a CUDA device (torch is imported only if there are any)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -19,7 +19,11 @@ def ssu_backend(request):
 @pytest.mark.parametrize("check", CHECK_NAMES)
 def test_conformance(ssu_backend, check, request):
     try:
-        assert_conformant(ssu_backend, checks=[check], max_examples=request.config.getoption("ssu_examples"),
-                          device=request.config.getoption("ssu_device"))
+        assert_conformant(
+            ssu_backend,
+            checks=[check],
+            max_examples=request.config.getoption("ssu_examples"),
+            device=request.config.getoption("ssu_device"),
+        )
     except (BackendCannotRunHere, CheckSkipped) as exc:
         pytest.skip(str(exc))

@@ -1,0 +1,76 @@
+"""The distributions as a user installs them without this repository: wheels built into a folder
+(``scripts/build-wheels``), then two backends installed into a fresh virtual environment from that
+folder alone (their third-party needs from the package index first; FlashInfer without its CUDA
+dependencies, which listing does not need), and listed by ``ssu``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DISTRIBUTIONS = ("ssu_core", "ssu_backend_triton", "ssu_backend_flashinfer", "ssu_backend_flashinfer_replayssm")
+
+
+def run(*command, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1200, **kwargs)
+    assert result.returncode == 0, (command, result.stdout[-3000:], result.stderr[-3000:])
+    return result
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    run("bash", str(ROOT / "scripts" / "build-wheels"), str(out), cwd=ROOT)
+    return out
+
+
+def test_the_script_builds_the_four_wheels(wheels):
+    built = sorted(p.name.split("-")[0] for p in wheels.glob("*.whl"))
+    assert built == sorted(DISTRIBUTIONS)
+
+
+def test_two_backends_install_from_the_wheels_alone_and_are_listed(wheels, tmp_path):
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", str(venv))
+    python = str(venv / "bin" / "python")
+    # what the backends need from elsewhere, at this environment's versions (found in pip's cache)
+    needs = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "triton", "pluggy", "attrs", "numpy")]
+    run(python, "-m", "pip", "install", "-q", *needs)
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        f"flashinfer-python=={importlib.metadata.version('flashinfer-python')}",
+    )
+    # ssu-core comes from the folder as ssu-backend-triton's dependency
+    run(python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "ssu-backend-triton")
+    # flashinfer-python went in without its own (CUDA) dependencies, which pip would look for
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--find-links",
+        str(wheels),
+        "ssu-backend-flashinfer",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    listed = json.loads(run(python, "-m", "ssu", "backends", "--json", "--device", "cpu", cwd=tmp_path, env=env).stdout)
+    found = {b["name"]: b for b in listed["backends"]}
+    assert set(found) == {"reference", "triton", "flashinfer"}
+    assert found["triton"]["distribution"] == "ssu-backend-triton" and found["triton"]["status"] == "unavailable"
+    assert found["flashinfer"]["distribution"] == "ssu-backend-flashinfer"
+    assert str(ROOT) not in run(python, "-c", "import ssu; print(ssu.__file__)", cwd=tmp_path, env=env).stdout
