@@ -91,6 +91,7 @@ class Config:
         return self.backends.get(name, {})
 
     def with_backend(self, backend: Any, source: str) -> "Config":
+        """A copy of the configuration that names another backend (or list of backends) and where it came from."""
         return attrs.evolve(self, backend=backend, source=source)
 
 

@@ -47,6 +47,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
+        """Whether the check ran and passed (a skipped check has not passed)."""
         return self.status == "pass"
 
 

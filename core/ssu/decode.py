@@ -44,6 +44,7 @@ class DecodeReport:
 
     @property
     def ok(self) -> bool:
+        """Whether every checked output and state was within tolerance and no slot outside the batch changed."""
         return (
             self.max_out_error <= self.tolerance
             and self.max_state_error <= self.tolerance
@@ -51,6 +52,7 @@ class DecodeReport:
         )
 
     def summary(self) -> str:
+        """The report as the lines ``ssu run`` prints: what ran, its errors against the reference, the verdict."""
         layer_steps = self.layers * self.steps
         if self.checked:
             errors = (

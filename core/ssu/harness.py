@@ -33,6 +33,7 @@ def open_pair(backend: str, problem, options=None, registry=None):
 
 
 def expect_close(what: str, actual, expected, tol: float) -> None:
+    """Raise CheckFailure, naming ``what``, when ``actual`` is further than ``tol`` (relative) from ``expected``."""
     err = oracle.rel_error(actual, expected)
     if not err <= tol:
         raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}")

@@ -30,6 +30,7 @@ class StepInputs:
     dt_softplus: bool = True
 
     def kwargs(self) -> dict:
+        """The inputs as keyword arguments of a step call (tensors are not copied)."""
         return attrs.asdict(self, recurse=False)
 
 

@@ -98,6 +98,7 @@ class Problem:
 
     @property
     def heads_per_group(self) -> int:
+        """Heads that share one group's B and C (H / G)."""
         return self.nheads // self.ngroups
 
     @property
@@ -112,6 +113,7 @@ class Problem:
         return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype]
 
     def describe(self) -> str:
+        """A one-line description of the problem for messages and reports."""
         return (
             f"H={self.nheads} P={self.headdim} N={self.dstate} G={self.ngroups} "
             f"state={self.state_dtype} input={self.input_dtype} slots={self.num_slots} "

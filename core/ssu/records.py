@@ -132,6 +132,7 @@ class Availability:
     remedy: str = ""
 
     def message(self) -> str:
+        """The reason, followed by the remedy when there is one."""
         return self.reason + (f"; {self.remedy}" if self.remedy else "")
 
 
@@ -147,6 +148,7 @@ class Verdict:
 
     @classmethod
     def reject(cls, *reasons: str) -> "Verdict":
+        """A refusal with one or more reasons, each a sentence a user can act on."""
         return cls(False, reasons)
 
 
@@ -191,6 +193,7 @@ class BackendInfo:
     capabilities: Optional[Capabilities] = None
 
     def to_dict(self) -> dict:
+        """The record as JSON-ready values (what ``ssu backends --json`` prints)."""
         data = attrs.asdict(self, recurse=False)
         data["capabilities"] = self.capabilities.to_dict() if self.capabilities else None
         return data

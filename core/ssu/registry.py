@@ -82,6 +82,7 @@ class LoadedBackend:
 
     @property
     def name(self) -> str:
+        """The backend's name as its spec declares it."""
         return self.spec.name
 
     @property
@@ -90,6 +91,7 @@ class LoadedBackend:
         return self.pm.hook
 
     def probe(self, device: str) -> Availability:
+        """Whether the backend runs on ``device``; a probe that raises becomes an unavailable record, not a crash."""
         try:
             result = self.pm.hook.ssu_probe(device=device)
         except Exception as exc:  # a probe must not crash the host
@@ -222,6 +224,7 @@ class Registry:
 
     @property
     def env(self) -> Mapping[str, str]:
+        """The environment the registry reads SSU_* variables from (os.environ unless one was given)."""
         return os.environ if self._env is None else self._env
 
     def _read_entry_points(self) -> list:

@@ -39,6 +39,7 @@ class Resolution:
     trace: tuple
 
     def explain(self) -> str:
+        """The resolution as lines: the problem, what was requested and from where, each candidate's outcome."""
         lines = [f"problem: {self.problem.describe()}", f"requested: {', '.join(self.requested)} (from {self.source})"]
         for c in self.trace:
             mark = {"selected": "->", "rejected": " x", "not tried": " .", "not requested": " ."}[c.outcome]

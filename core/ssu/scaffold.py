@@ -19,10 +19,12 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
 
 def module_name(name: str) -> str:
+    """The import name of a backend's package: ``ssu_backend_`` followed by the name with underscores."""
     return "ssu_backend_" + name.replace("-", "_")
 
 
 def check_name(name: str) -> None:
+    """Refuse a backend name that is not a valid distribution name or that a first-party backend uses."""
     if not NAME_PATTERN.match(name):
         raise ConfigError(
             f"backend name {name!r} is not valid: use lowercase letters, digits and single hyphens, "

@@ -54,6 +54,7 @@ def uses_cursor(state: State) -> bool:
 
 
 def allocate(problem, num_layers: int, backend: str) -> State:
+    """Allocate the versioned-slot state of ``num_layers`` layers: every slot, a sink row, the cursors."""
     import torch
 
     p = problem
@@ -203,9 +204,11 @@ def ssu_commit(ctx, state, slots, num_accepted):
 
 @hookimpl
 def ssu_read_state(ctx, state, slots, layer):
+    """Hook: copy the current states of ``slots`` out of one layer."""
     return read(state, slots, layer)
 
 
 @hookimpl
 def ssu_write_state(ctx, state, slots, values, layer):
+    """Hook: overwrite the current states of ``slots`` in one layer."""
     write(state, slots, values, layer)

@@ -178,6 +178,7 @@ class Checker:
         return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
 
     def state(self, state: Any, layer: Any) -> None:
+        """Refuse a state that is not an ssu.State of this backend and problem, or a layer outside it."""
         if not isinstance(state, State):
             raise InputError(
                 f"state: expected the ssu.State returned by kernel.allocate_state or kernel.adopt_state, "
@@ -195,6 +196,7 @@ class Checker:
             )
 
     def slots(self, slots: Any, name: str = "slots", max_len: Optional[int] = None):
+        """Check a slot-id tensor's type, dtype, shape and device; return its length (the batch)."""
         import torch
 
         if not isinstance(slots, torch.Tensor):
@@ -278,6 +280,7 @@ class Checker:
             self.destinations(slots, dst_slots, b)
 
     def destinations(self, slots, dst_slots, b: int) -> None:
+        """Check dst_slots: the capability, its shape against slots, and (full validation) its values."""
         p = self.problem
         if not self.capabilities.destination_slots:
             raise InputError(
@@ -300,6 +303,7 @@ class Checker:
         )
 
     def commit(self, state, slots, num_accepted) -> None:
+        """Check the arguments of a commit: a speculative kernel, the state, the slots, num_accepted."""
         self.state(state, 0)
         if not self.problem.speculative and not self.shared_commit:
             raise InputError(
@@ -322,6 +326,7 @@ class Checker:
             )
 
     def accepted_values(self, num_accepted) -> None:
+        """Refuse a num_accepted entry outside 1..T (the first token of a row is always kept)."""
         T = self.problem.tokens_per_step
         bad = [(i, n) for i, n in enumerate(num_accepted.tolist()) if not 1 <= n <= T]
         if bad:
@@ -329,11 +334,13 @@ class Checker:
             raise InputError(f"num_accepted[{i}] = {n}: expected 1 to {T} (at least the first token is always kept)")
 
     def read(self, state, slots, layer) -> None:
+        """Check the arguments of read_state: the state, the layer and slot ids that name real slots."""
         self.state(state, layer)
         self.slots(slots, max_len=self.problem.num_slots)
         self.slot_values(slots, allow_pad=False, unique=False)
 
     def write(self, state, slots, values, layer) -> None:
+        """Check the arguments of write_state: unique real slots and values of shape (b, H, P, N)."""
         p = self.problem
         self.state(state, layer)
         b = self.slots(slots, max_len=p.num_slots)

@@ -43,6 +43,7 @@ def record(state: State) -> GroupRecord:
 
 
 def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
+    """Allocate checkpoints, the per-slot rings of inputs and the cursors for ``num_layers`` layers."""
     import torch
 
     p = problem

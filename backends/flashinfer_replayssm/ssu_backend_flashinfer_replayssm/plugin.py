@@ -25,6 +25,7 @@ DSTATES = (64, 128, 192, 256)
 
 @ssu.hookimpl
 def ssu_backend():
+    """Declare the backend: CUDA only, FlashInfer's head shapes, speculative decoding, guarded slot ids."""
     return ssu.BackendSpec(
         name=NAME,
         api_version="1.2",
@@ -52,6 +53,7 @@ def ssu_backend():
 
 @ssu.hookimpl
 def ssu_probe(device):
+    """Available where FlashInfer is installed and the GPU's compute capability is supported."""
     from ssu_backend_flashinfer.availability import flashinfer_availability
 
     return flashinfer_availability(device)
@@ -71,12 +73,14 @@ def problem_reasons(problem, options) -> list[str]:
 
 @ssu.hookimpl
 def ssu_supports(problem, options):
+    """Accept the problem unless a shape, dtype or option is outside what the ReplaySSM kernel builds."""
     reasons = problem_reasons(problem, options)
     return ssu.Verdict.reject(*reasons) if reasons else ssu.ACCEPT
 
 
 @ssu.hookimpl
 def ssu_allocate_state(ctx, num_layers):
+    """Hook: allocate checkpoints and rings sized by the ring-length option."""
     from . import layout
 
     return layout.allocate(ctx.problem, num_layers, ctx.options.ring_length(ctx.problem.tokens_per_step), ctx.spec.name)
@@ -92,6 +96,7 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
+    """Hook: advance each row's cursor by its accepted tokens and re-checkpoint rows whose ring is full."""
     from ssu.errors import InputError
 
     from .translate import commit
@@ -107,6 +112,7 @@ def ssu_commit(ctx, state, slots, num_accepted):
 
 @ssu.hookimpl
 def ssu_read_state(ctx, state, slots, layer):
+    """Hook: materialise the current states of ``slots`` by replaying their rings over the checkpoints."""
     from . import layout
 
     return layout.read(state, slots, layer, ctx.problem.tokens_per_step, ctx.options.max_window)
@@ -114,6 +120,7 @@ def ssu_read_state(ctx, state, slots, layer):
 
 @ssu.hookimpl
 def ssu_write_state(ctx, state, slots, values, layer):
+    """Hook: store ``values`` as the checkpoints of ``slots`` and empty their rings."""
     from . import layout
 
     layout.write(state, slots, values, layer, ctx.problem.tokens_per_step, ctx.options.max_window)

@@ -17,7 +17,8 @@ import torch
 
 from ssu import faults
 from ssu.errors import InputError
-from ssu_backend_flashinfer.translate import per_head, real_ids, record_outside, row_buffers, tie_hdim
+from ssu_backend_flashinfer.rows import real_ids, record_outside, row_buffers
+from ssu_backend_flashinfer.translate import per_head, tie_hdim
 
 from . import cursors, layout
 

@@ -29,6 +29,7 @@ BUILD_SECONDS = 260  # one checkpointing module on the H200 development machine
 
 
 def log(message: str) -> None:
+    """Print one line to stderr, prefixed with the backend's name."""
     print(f"[ssu flashinfer-replayssm] {message}", file=sys.stderr, flush=True)
 
 
@@ -52,11 +53,13 @@ def progress(what: str, every: float = 30.0):
 
 
 def synchronize(problem) -> None:
+    """Wait for the problem's GPU (no-op elsewhere), so that timings and errors land where they belong."""
     if problem.device_type == "cuda":
         torch.cuda.synchronize(problem.device)
 
 
 def module_name(problem, options, index_dtype: str) -> str:
+    """The JIT module a problem needs, described by the template parameters it is built with."""
     p = problem
     return (
         f"state={p.state_dtype} input={p.input_dtype} dt={p.input_dtype} index={index_dtype} P={p.headdim} "

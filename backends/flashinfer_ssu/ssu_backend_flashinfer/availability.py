@@ -36,6 +36,7 @@ def find_nvcc() -> str | None:
 
 
 def flashinfer_availability(device: str) -> ssu.Availability:
+    """Whether FlashInfer's SSU can run on ``device``: installed, recent enough, a CUDA GPU it supports."""
     try:
         version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -78,6 +79,7 @@ def flashinfer_availability(device: str) -> ssu.Availability:
 
 
 def compute_capability(device: str) -> tuple:
+    """The (major, minor) compute capability of a CUDA device."""
     import torch
 
     return torch.cuda.get_device_capability(device)

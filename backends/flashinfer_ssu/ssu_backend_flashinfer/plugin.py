@@ -36,11 +36,13 @@ _logged: set = set()
 
 
 def log(message: str) -> None:
+    """Print one line to stderr, prefixed with the backend's name."""
     print(f"[ssu flashinfer] {message}", file=sys.stderr, flush=True)
 
 
 @ssu.hookimpl
 def ssu_backend():
+    """Declare the backend: CUDA only, FlashInfer's head shapes, adopted states and destination slots."""
     return ssu.BackendSpec(
         name=NAME,
         api_version=ssu.PLUGIN_API_VERSION,
@@ -69,6 +71,7 @@ def ssu_backend():
 
 @ssu.hookimpl
 def ssu_probe(device):
+    """Available where FlashInfer is installed and the GPU's compute capability is supported."""
     return flashinfer_availability(device)
 
 
@@ -94,6 +97,7 @@ def algorithm_problems(problem, options, capability) -> list[str]:
 
 @ssu.hookimpl
 def ssu_supports(problem, options):
+    """Accept the problem unless the chosen algorithm or stochastic rounding cannot serve it on this GPU."""
     reasons = []
     if options.stochastic_rounding and problem.state_dtype != "fp16":
         reasons.append(f"stochastic_rounding applies to an fp16 state cache only (state is {problem.state_dtype})")
@@ -113,6 +117,7 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
+    """Hook: copy each row's accepted draft state into its slot."""
     from .translate import commit
 
     commit(ctx, state, slots, num_accepted)
@@ -123,7 +128,7 @@ def ssu_warmup(ctx, state, step):
     """JIT-compile every FlashInfer module the problem needs (state dtype, input dtype, dt dtype =
     input dtype, tokens, each index dtype of ``warmup_index_dtypes``) by running one step on
     scratch rows, with a line per module: built, or found in FlashInfer's JIT cache."""
-    from .translate import warm_module
+    from .modules import warm_module
 
     if ctx.problem.device_type != "cuda":  # nothing to compile where FlashInfer does not run
         return

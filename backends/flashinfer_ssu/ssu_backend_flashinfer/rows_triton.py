@@ -1,5 +1,5 @@
 """One Triton launch for a step's guarded cache rows, where Triton runs (CUDA, or its interpreter):
-the same rows as the torch ops of :func:`ssu_backend_flashinfer.translate.guarded_rows`, which take
+the same rows as the torch ops of :func:`ssu_backend_flashinfer.rows.guarded_rows`, which take
 about fifteen small launches.
 
 Each row: a slot outside the cache is recorded in the fault record and becomes a pad row; a pad

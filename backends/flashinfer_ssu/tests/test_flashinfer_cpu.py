@@ -13,6 +13,7 @@ import ssu
 from ssu import faults, slot_state
 from ssu.inputs import pick_slots, step_inputs
 from ssu_backend_flashinfer import availability, plugin, translate
+from ssu_backend_flashinfer import rows as rows_mod
 from ssu_backend_flashinfer.options import FlashInferOptions
 from ssu.options import build
 
@@ -131,8 +132,8 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
         state = slot_state.allocate(p, 1, "flashinfer")
     scratch = translate.allocate_scratch(p, options)
     dst_slots = None if spec else slots.flip(0)
-    rows = translate.guarded_rows(scratch, p, state, slots, dst_slots, faults.allocate("cpu"))
-    target = translate.layer_rows(state)[0]
+    rows = rows_mod.guarded_rows(scratch, p, state, slots, dst_slots, faults.allocate("cpu"))
+    target = rows_mod.layer_rows(state)[0]
     D = inputs.D.to(inputs.dt.dtype) if with_options else scratch["zero_D"][inputs.dt.dtype]
     dt_bias = inputs.dt_bias.to(inputs.dt.dtype) if with_options else None
     kwargs = translate.fi_arguments(
@@ -187,16 +188,16 @@ def test_versioned_rows_and_their_reuse(triton_rows, gen):
     cursor[4], cursor[7] = 2, 3
     slots = torch.tensor([4, -1, 7, 12], dtype=torch.int64)
     record = faults.allocate("cpu")
-    read, dst = translate.guarded_rows(scratch, p, state, slots, None, record)
+    read, dst = rows_mod.guarded_rows(scratch, p, state, slots, None, record)
     K = 4
     assert read.tolist() == [4 * K + 2, -1, 7 * K + 3, -1]  # slot 12 lies outside the cache: a pad row
     assert dst[0].tolist() == [4 * K + 3, 4 * K + 0, 4 * K + 1]
     assert dst[2].tolist() == [7 * K + 0, 7 * K + 1, 7 * K + 2]
     assert faults.decode(int(record)) == (3, faults.SLOTS, 12)
-    again = translate.guarded_rows(scratch, p, state, slots, None, record)  # reused until commit
+    again = rows_mod.guarded_rows(scratch, p, state, slots, None, record)  # reused until commit
     assert again.read.data_ptr() == read.data_ptr()
     slots[0] = 5  # modified in place: computed again
-    assert translate.guarded_rows(scratch, p, state, slots, None, record).read[0].item() == 5 * K
+    assert rows_mod.guarded_rows(scratch, p, state, slots, None, record).read[0].item() == 5 * K
 
 
 @pytest.mark.parametrize("triton_rows", [True, False])
@@ -210,14 +211,14 @@ def test_destination_rows_and_sinks(triton_rows, gen):
     slots = torch.tensor([1, 2, -1, 3], dtype=torch.int32)
     dst = torch.tensor([5, -1, 6, 40], dtype=torch.int32)
     owned = slot_state.allocate(p, 1, "flashinfer")
-    rows = translate.guarded_rows(scratch, p, owned, slots, dst, record)
+    rows = rows_mod.guarded_rows(scratch, p, owned, slots, dst, record)
     assert rows.read.tolist() == [1, 2, -1, 3] and rows.dst.tolist() == [5, 10, 10, 10]
     assert faults.decode(int(record)) == (3, faults.DST_SLOTS, 40)
     p0 = problem(pad_slot_id=0)
     scratch = translate.allocate_scratch(p0, FlashInferOptions())
     scratch["triton_rows"] = triton_rows
     adopted = slot_state.adopt(p0, (torch.zeros(10, 8, 64, 16),), "flashinfer")
-    rows = translate.guarded_rows(scratch, p0, adopted, slots.where(slots != -1, 0), dst.where(dst != -1, 0), record)
+    rows = rows_mod.guarded_rows(scratch, p0, adopted, slots.where(slots != -1, 0), dst.where(dst != -1, 0), record)
     assert rows.read.tolist() == [1, 2, 0, 3] and rows.dst.tolist() == [5, 0, 0, 0]
 
 

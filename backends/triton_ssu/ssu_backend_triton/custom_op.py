@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from .kernel import StepConstants, launch
+from .launch import StepConstants, launch
 from .tuning import Schedule
 
 

@@ -14,10 +14,12 @@ from ssu.slot_state import versions
 
 from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
-from .kernel import StepConstants, launch
+from .launch import StepConstants, launch
 
 
 class Launcher:
+    """Everything a step launch needs that does not change between calls: constants, tuned tiles, the op."""
+
     def __init__(self, ctx) -> None:
         p = self.problem = ctx.problem
         self.options = ctx.options
@@ -69,10 +71,12 @@ class Launcher:
             self.table[b] = config
 
     def cache_key(self, bucket: int) -> str:
+        """The tuning-cache key of one batch bucket on this GPU, Triton version and kernel variant."""
         return tuning.cache_key(self.problem, bucket, self.gpu, self.triton_version, self.options.stochastic_rounding)
 
     # the step ------------------------------------------------------------------------------------
     def constants(self, cursor: bool) -> StepConstants:
+        """The scalar launch arguments fixed by the problem; ``cursor`` selects the versioned (allocated) layout."""
         p = self.problem
         return StepConstants(
             p.pad_slot_id,
@@ -86,6 +90,8 @@ class Launcher:
         )
 
     def make_step(self):
+        """The step callable: no checks, no allocation but ``out`` when none is given, one launch (through the custom op
+        when compiling)."""
         table = self.table
         seed = self.seed
         faults = self.faults

@@ -24,11 +24,13 @@ def _log(message: str) -> None:
 
 
 def interpreting() -> bool:
+    """Whether Triton runs kernels on the CPU through its interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 @ssu.hookimpl
 def ssu_backend():
+    """Declare the backend: CUDA (and the CPU under Triton's interpreter), every dtype and option."""
     return ssu.BackendSpec(
         name=NAME,
         api_version=ssu.PLUGIN_API_VERSION,
@@ -55,6 +57,7 @@ def ssu_backend():
 
 @ssu.hookimpl
 def ssu_probe(device):
+    """Available with Triton installed on a CUDA GPU, or on the CPU when TRITON_INTERPRET=1 is set."""
     if importlib.util.find_spec("triton") is None:
         return ssu.Availability(False, "the triton package is not installed", "pip install triton")
     kind = str(device).split(":", 1)[0]
@@ -86,6 +89,7 @@ def ssu_probe(device):
 
 @ssu.hookimpl
 def ssu_supports(problem, options):
+    """Accept the problem unless a head shape exceeds what one program holds or an option does not apply."""
     reasons = []
     if options.stochastic_rounding and problem.state_dtype != "fp16":
         reasons.append(f"stochastic_rounding applies to an fp16 state cache only (state is {problem.state_dtype})")

@@ -28,6 +28,7 @@ COLD_BYTES = 256 << 20
 
 
 def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -131,6 +132,7 @@ def cache_path(option: Optional[str]) -> Optional[Path]:
 
 
 def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: bool) -> str:
+    """The key a tuned tile is stored under: GPU, Triton version, kernel variant, shapes, dtypes, batch bucket."""
     p = problem
     return (
         f"{gpu}|triton {triton_version}|kernel v8|H{p.nheads} P{p.headdim} N{p.dstate} G{p.ngroups}|"
@@ -140,6 +142,7 @@ def cache_key(problem, bucket: int, gpu: str, triton_version: str, stochastic: b
 
 
 def read_cache(path: Optional[Path]) -> dict:
+    """The tuning cache as a dict; a missing or unreadable file reads as empty (it is re-tuned, never fatal)."""
     if path is None or not path.is_file():
         return {}
     try:

@@ -49,7 +49,7 @@ def launch_layer(
     """One launch of the step kernel on layer ``layer`` of an allocated (L, S, K, H, P, N) state,
     with a fresh fault record unless given: the kernel as the tests inspect it."""
     from ssu import faults as fault_record
-    from ssu_backend_triton.kernel import StepConstants, launch
+    from ssu_backend_triton.launch import StepConstants, launch
     from ssu_backend_triton.tuning import Schedule
 
     view = ssm[layer]

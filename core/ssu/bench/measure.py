@@ -38,6 +38,7 @@ class Case:
 
     @property
     def slot_bytes(self) -> int:
+        """Bytes of one slot's state in one layer: H x P x N elements of the state dtype."""
         return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype]
 
     @property
@@ -57,9 +58,11 @@ class Row:
 
     @property
     def tbps(self) -> float:
+        """State bandwidth in TB/s: the bytes a write-every-step kernel must move, over the measured time."""
         return self.case.state_traffic / self.us / 1e6
 
     def to_dict(self) -> dict:
+        """The row as JSON-ready values, rounded to the precision the measurement has."""
         return dict(
             attrs.asdict(self.case),
             us=round(self.us, 3),

@@ -115,6 +115,7 @@ def advice(spans: list[Span], rows: list[Row]) -> str:
 
 
 def write_json(path, rows: list[Row], meta: dict, refused: dict, spans: list[Span]) -> None:
+    """Write the rows, the run's metadata, the refusals and the recommended spans as one JSON document."""
     with open(path, "w") as f:
         json.dump(
             dict(

@@ -13,6 +13,7 @@ EXIT_OK = 0
 
 
 def add_bench_parser(sub) -> None:
+    """Register ``ssu bench`` and its options on the CLI's subcommand table."""
     p = sub.add_parser("bench", help="time every available backend on this GPU across batches; table, plot, advice")
     g = p.add_argument_group("problem (defaults: Nemotron-H-8B head shapes)")
     g.add_argument("--model", choices=sorted(MODELS), default="nemotron-h-8b", help="head shapes of a real model")

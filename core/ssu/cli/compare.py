@@ -10,6 +10,7 @@ EXIT_OK, EXIT_WRONG = 0, 1
 
 
 def add_compare_parser(sub) -> None:
+    """Register ``ssu compare`` and its options on the CLI's subcommand table."""
     from ..integrations.hf_models import ARCHITECTURES, PRESETS
 
     p = sub.add_parser("compare", help="a transformers model decoding with its own SSU and through ssu, side by side")
@@ -60,6 +61,7 @@ def _model(args):
 
 
 def cmd_compare(args) -> int:
+    """Decode one transformers model with its own SSU and through ssu; print both and how far they agree."""
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:

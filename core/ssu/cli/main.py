@@ -90,6 +90,7 @@ def _default_device(devices=("cpu", "cuda")) -> str:
 
 
 def cmd_backends(args) -> int:
+    """List the installed backends, their capabilities and (unless --no-probe) whether each runs on the device."""
     from ..registry import list_backends
 
     device = args.device or ("cpu" if args.no_probe else _default_device())
@@ -133,6 +134,7 @@ def _config(args):
 
 
 def cmd_explain(args) -> int:
+    """Print, backend by backend, why the configuration resolves to the backend it selects for the problem."""
     from ..registry import default_registry
     from ..resolve import explain
 
@@ -142,6 +144,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_check_config(args) -> int:
+    """Check a configuration file without running a kernel: backend names, option tables, option values."""
     from ..config import find_config_file, load_config
     from ..errors import BackendError, ConfigError
     from ..registry import default_registry
@@ -215,6 +218,7 @@ def _check_memory(problem, layers: int) -> None:
 
 
 def cmd_run(args) -> int:
+    """Decode random inputs through the selected backend and compare them with the reference as they run."""
     from ..decode import decode_run
     from ..kernel import open_kernel
     from .progress import Progress
@@ -264,6 +268,7 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
 
 
 def cmd_verify(args) -> int:
+    """Run the conformance checks on one backend and print what ran, what passed and what was skipped."""
     from ..conformance import run_conformance
     from ..registry import default_registry
 
@@ -286,6 +291,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_new_backend(args) -> int:
+    """Write a new backend distribution from the scaffold and print the commands that test it."""
     from ..scaffold import module_name, write_backend
 
     root = write_backend(args.name, args.dir, force=args.force)
@@ -321,6 +327,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``ssu`` command: parse, dispatch, and turn ssu's errors into messages and exit codes."""
     warnings.showwarning = _show_warning
     args = _parser().parse_args(argv)
     try:

@@ -23,6 +23,7 @@ POSITIVE = ("nheads", "headdim", "dstate", "ngroups", "batch", "slots", "tokens"
 
 
 def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4) -> None:
+    """Add the options that describe a Problem (shapes, dtypes, slots, tokens) to a subcommand's parser."""
     g = parser.add_argument_group("problem (defaults: Nemotron-H-8B head shapes)")
     g.add_argument("--model", choices=sorted(MODELS), default="nemotron-h-8b", help="head shapes of a real model")
     g.add_argument("--nheads", type=int, help="H, heads (per tensor-parallel rank)")

@@ -28,6 +28,7 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
+        """End the progress line so that what is printed next starts on a line of its own."""
         if self.enabled:
             self.stream.write("\n")
             self.stream.flush()

@@ -17,5 +17,6 @@ class Parser(argparse.ArgumentParser):
     and exit code 2, like every other error of the command line."""
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
+        """Print argparse's message with a pointer to --help and exit with the usage status (2)."""
         sys.stderr.write(f"{self.prog}: error: {message}; see {self.prog} --help\n")
         raise SystemExit(2)

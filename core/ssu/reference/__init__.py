@@ -21,6 +21,7 @@ def _factory(ctx):
 
 @hookimpl
 def ssu_backend():
+    """Declare the reference backend: every device torch runs on, every dtype and option, any shape."""
     return BackendSpec(
         name=NAME,
         api_version=PLUGIN_API_VERSION,
@@ -43,6 +44,7 @@ def ssu_backend():
 
 @hookimpl
 def ssu_probe(device):
+    """Available wherever torch can allocate on the device."""
     from ..devices import torch_device_availability
 
     return torch_device_availability(device)

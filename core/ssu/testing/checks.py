@@ -66,6 +66,7 @@ def problems(capabilities, device: str):
 
 
 def default_device(capabilities) -> str:
+    """CUDA when the backend declares it and a GPU is present, otherwise the CPU if declared, else its first device."""
     import torch
 
     if "cuda" in capabilities.devices and torch.cuda.is_available():

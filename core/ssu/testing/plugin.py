@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 def pytest_addoption(parser) -> None:
+    """Add the conformance suite's options (--ssu-backend, --ssu-profile, --ssu-device, ...) to pytest."""
     group = parser.getgroup("ssu", "ssu conformance suite")
     group.addoption(
         "--ssu-backend",
@@ -39,6 +40,7 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_configure(config) -> None:
+    """Register the gpu marker and, with --ssu-backend, the conformance suite's tests."""
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     name = config.getoption("ssu_backend", None)
     if not name:

@@ -10,6 +10,7 @@ from ssu.testing.checks import CHECK_NAMES, BackendCannotRunHere, CheckSkipped, 
 
 @pytest.fixture(scope="session")
 def ssu_backend(request):
+    """The backend named by --ssu-backend; the suite's tests skip without one."""
     name = request.config.getoption("ssu_backend")
     if not name:
         pytest.skip("run with --ssu-backend NAME")
@@ -18,6 +19,7 @@ def ssu_backend(request):
 
 @pytest.mark.parametrize("check", CHECK_NAMES)
 def test_conformance(ssu_backend, check, request):
+    """One conformance check on the backend under test, reported as its own test."""
     try:
         assert_conformant(
             ssu_backend,

@@ -1,0 +1,285 @@
+"""Pieces of the Triton SSU kernel (:mod:`ssu_backend_triton.kernel`): per-token and per-row input
+loads, the mask and load of a state tile, and the update of a tile's rows through the step's tokens.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def token_inputs(
+    x_ptr,
+    B_ptr,
+    C_ptr,
+    dt_ptr,
+    z_ptr,
+    offs_p,
+    offs_n,
+    row,
+    head,
+    group,
+    t,
+    bias,
+    x_b,
+    x_t,
+    x_h,
+    x_p,
+    dt_b,
+    dt_t,
+    dt_h,
+    B_b,
+    B_t,
+    B_g,
+    B_n,
+    C_b,
+    C_t,
+    C_g,
+    C_n,
+    z_b,
+    z_t,
+    z_h,
+    z_p,
+    has_z,
+    softplus,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    BRANCHLESS: tl.constexpr,
+    B_IN_TILE: tl.constexpr,
+):
+    """Token ``t``'s inputs for rows ``offs_p`` in fp32: (dt after bias and softplus, x, z, B, C),
+    B and C as vectors of N, or with ``B_IN_TILE`` loaded as (rows, N) in the tile's layout."""
+    d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
+    if BRANCHLESS:
+        d = tl.where(softplus & (d <= 20.0), tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))), d)
+    else:
+        if softplus:
+            d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
+    x, zv = row_inputs(x_ptr, z_ptr, offs_p, row, head, t, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P, BRANCHLESS)
+    B_ptrs = B_ptr + row * B_b + t * B_t + group * B_g + offs_n * B_n
+    C_ptrs = C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n
+    if B_IN_TILE:
+        every_row = 0 * offs_p[:, None]  # the same B and C for each row, loaded where the row's lanes are
+        Bv = tl.load(B_ptrs[None, :] + every_row, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptrs[None, :] + every_row, mask=(offs_n < N)[None, :], other=0.0).to(tl.float32)
+    elif EVEN_N:
+        Bv = tl.load(B_ptrs).to(tl.float32)
+        Cv = tl.load(C_ptrs).to(tl.float32)
+    else:
+        Bv = tl.load(B_ptrs, mask=offs_n < N, other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptrs, mask=offs_n < N, other=0.0).to(tl.float32)
+    return d, x, zv, Bv, Cv
+
+
+@triton.jit
+def row_inputs(
+    x_ptr,
+    z_ptr,
+    offs_p,
+    row,
+    head,
+    t,
+    x_b,
+    x_t,
+    x_h,
+    x_p,
+    z_b,
+    z_t,
+    z_h,
+    z_p,
+    has_z,
+    P: tl.constexpr,
+    BRANCHLESS: tl.constexpr,
+):
+    """Token ``t``'s x and z for rows ``offs_p`` (fp32; z zeros when absent)."""
+    mask_p = offs_p < P
+    x = tl.load(x_ptr + row * x_b + t * x_t + head * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+    z_ptrs = z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p
+    if BRANCHLESS:
+        zv = tl.load(z_ptrs, mask=mask_p & has_z, other=0.0).to(tl.float32)
+    else:
+        zv = tl.zeros_like(x)
+        if has_z:
+            zv = tl.load(z_ptrs, mask=mask_p, other=0.0).to(tl.float32)
+    return x, zv
+
+
+@triton.jit
+def tile_mask(offs_p, offs_n, state_rows, N: tl.constexpr, EVEN_N: tl.constexpr):
+    """Which values of a state tile exist: none of a pad row's (``state_rows`` 0), so it reads
+    zeros and writes nothing."""
+    if EVEN_N:  # no mask along N: the mask stays constant along rows and accesses stay vectorised
+        return (offs_p < state_rows)[:, None]
+    else:
+        return (offs_p < state_rows)[:, None] & (offs_n < N)[None, :]
+
+
+@triton.jit
+def load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N: tl.constexpr, EVEN_N: tl.constexpr):
+    """The state tile of rows ``offs_p`` as stored (no conversion: a bf16 tile waits in half the
+    registers)."""
+    return tl.load(
+        base + cur * s_ver + offs_p[:, None] * s_p + offs_n[None, :],
+        mask=tile_mask(offs_p, offs_n, state_rows, N, EVEN_N),
+        other=0.0,
+    )
+
+
+@triton.jit
+def update_rows(
+    write_ptr,
+    x_ptr,
+    B_ptr,
+    C_ptr,
+    dt_ptr,
+    z_ptr,
+    out_ptr,
+    offs_p,
+    offs_n,
+    write_rows,
+    wbase,
+    cur,
+    row,
+    head,
+    group,
+    a,
+    d_skip,
+    bias,
+    element,
+    seed,
+    s_raw,
+    x0,
+    z0,
+    d0,
+    B0,
+    C0,
+    x_b,
+    x_t,
+    x_h,
+    x_p,
+    dt_b,
+    dt_t,
+    dt_h,
+    B_b,
+    B_t,
+    B_g,
+    B_n,
+    C_b,
+    C_t,
+    C_g,
+    C_n,
+    z_b,
+    z_t,
+    z_h,
+    z_p,
+    o_b,
+    o_t,
+    o_h,
+    o_p,
+    w_ver,
+    s_p,
+    has_d,
+    has_z,
+    softplus,
+    T: tl.constexpr,
+    K: tl.constexpr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    SPECULATIVE: tl.constexpr,
+    CURSOR: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+    BRANCHLESS: tl.constexpr,
+    B_IN_TILE: tl.constexpr,
+):
+    """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
+    loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with
+    ``B_IN_TILE``), storing to ``wbase`` (``write_rows`` 0: nowhere). Each later token's inputs
+    are loaded before the earlier token's stores, so their latency overlaps (the compiler may not
+    move a load past a store to memory it cannot prove distinct)."""
+    mask_p = offs_p < P
+    state_mask = tile_mask(offs_p, offs_n, write_rows, N, EVEN_N)
+    tile = offs_p[:, None] * s_p + offs_n[None, :]
+    s = s_raw.to(tl.float32)
+    d, x, zv, Bv, Cv = d0, x0, z0, B0, C0
+    for t in tl.static_range(T):
+        # an explicit fma: the compiler could otherwise contract either product, so the
+        # state's last bit would depend on the launch shape
+        if B_IN_TILE:
+            s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv)
+            y = tl.sum(s * Cv, axis=1)
+        else:
+            s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv[None, :])
+            y = tl.sum(s * Cv[None, :], axis=1)
+        if has_d:
+            y += d_skip * x
+        if has_z:
+            y = y * zv * tl.sigmoid(zv)
+        if t + 1 < T:
+            d, x, zv, Bv, Cv = token_inputs(
+                x_ptr,
+                B_ptr,
+                C_ptr,
+                dt_ptr,
+                z_ptr,
+                offs_p,
+                offs_n,
+                row,
+                head,
+                group,
+                t + 1,
+                bias,
+                x_b,
+                x_t,
+                x_h,
+                x_p,
+                dt_b,
+                dt_t,
+                dt_h,
+                B_b,
+                B_t,
+                B_g,
+                B_n,
+                C_b,
+                C_t,
+                C_g,
+                C_n,
+                z_b,
+                z_t,
+                z_h,
+                z_p,
+                has_z,
+                softplus,
+                P,
+                N,
+                EVEN_N,
+                BRANCHLESS,
+                B_IN_TILE,
+            )
+        tl.store(out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        if SPECULATIVE or t == T - 1:
+            if STOCHASTIC:
+                noise = (
+                    tl.randint(seed + t, element + (offs_p[:, None] * N + offs_n[None, :]).to(tl.uint32), PHILOX_ROUNDS)
+                    & 0x1FFF
+                )
+                bits = s.to(tl.uint32, bitcast=True) + noise
+                stored = bits.to(tl.float32, bitcast=True).to(tl.float16, fp_downcast_rounding="rtz")
+            else:
+                stored = s.to(write_ptr.dtype.element_ty)
+            if SPECULATIVE and CURSOR:
+                dest = (cur + 1 + t) % K  # the versions of an allocated state
+            elif SPECULATIVE:
+                dest = t  # the drafts beside an adopted cache
+            else:
+                dest = 0
+            tl.store(wbase + dest * w_ver + tile, stored, mask=state_mask)
+
+
+# The strides stay specialised: their divisibility by 16 (with the views' 16-byte aligned data
+# pointers) is what lets Triton prove that state tiles are 16-byte aligned and move them in 16-byte
+# vectors. Left out of the specialisation, a bf16 state moved in 2-byte accesses at 128 registers a
+# thread (65 % of the H200's bandwidth instead of 90 %).
