@@ -87,10 +87,17 @@ def test_run_config_errors_exit_2(capsys):
     assert "not a dtype" in capsys.readouterr().err
 
 
-def test_verify_reference(capsys):
-    assert main(["verify", "--backend", "reference"]) == 0
+def test_verify_selected_checks(capsys):
+    assert main(["verify", "--backend", "reference", "--check", "roundtrip", "--check", "step", "--examples", "2"]) == 0
     out = capsys.readouterr().out
-    assert "0 failed" in out and "FAIL" not in out
+    assert "2 passed, 0 failed, 0 skipped" in out and "ran 2 cases" in out and "FAIL" not in out
+
+
+def test_verify_usage_errors(capsys):
+    assert main(["verify", "--backend", "reference", "--check", "stepp"]) == 2
+    assert "no such check; the checks are step, decode" in capsys.readouterr().err
+    assert main(["verify", "--backend", "reference", "--examples", "0"]) == 2
+    assert "give a positive number" in capsys.readouterr().err
 
 
 def test_usage_error_exit_2():

@@ -110,11 +110,11 @@ def test_check_config_without_a_file_checks_the_one_load_config_finds(tmp_path):
 
 
 def test_verify_reports_skipped_checks_and_verifies_what_auto_selects():
-    result = ssu("verify", "--backend", "auto")
+    result = ssu("verify", "--backend", "auto", "--profile", "smoke")
     assert result.returncode == 0, result.stderr
     assert "backend reference (from auto) on cpu" in result.stdout
-    assert "SKIP  CUDA-graph replay" in result.stdout and "needs a CUDA device" in result.stdout
-    assert "PASS  CUDA-graph" not in result.stdout and " skipped" in result.stdout.splitlines()[-1]
+    assert "SKIP  cuda-graph" in result.stdout and "needs a CUDA device" in result.stdout
+    assert "PASS  cuda-graph" not in result.stdout and "1 skipped" in result.stdout.splitlines()[-1]
 
 
 def test_a_plugin_filter_naming_nothing_warns():

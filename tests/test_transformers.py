@@ -16,7 +16,7 @@ from ssu import oracle  # noqa: E402
 from ssu.integrations import hf_models  # noqa: E402
 from ssu.integrations import transformers as integration  # noqa: E402
 
-TOL = oracle.tolerance("fp32", "fp32")
+TOL = oracle.state_tolerance("fp32")
 
 
 @pytest.fixture(autouse=True)

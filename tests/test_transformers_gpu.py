@@ -32,7 +32,7 @@ def test_generation_through_a_gpu_backend(backend, dtype, arch):
     if dtype == "fp32":
         assert torch.equal(result.reference.sequences, result.through_ssu.sequences)
         for a, b in zip(result.reference.recurrent_states(), result.through_ssu.recurrent_states()):
-            assert oracle.rel_error(b, a) <= oracle.tolerance("fp32", "fp32")
+            assert oracle.rel_error(b, a) <= oracle.state_tolerance("fp32")
     else:
         assert result.divergence_within_rounding(), result.first_divergence()
     ssu.dropin.clear()

@@ -32,7 +32,8 @@ class DecodeReport:
     max_out_error: float = 0.0
     max_state_error: float = 0.0
     checked_layer_steps: int = 0
-    tolerance: float = 0.0
+    out_tolerance: float = 0.0
+    state_tolerance: float = 0.0
     untouched_checked: int = 0
     untouched_changed: int = 0
     wall_seconds: float = 0.0
@@ -46,8 +47,8 @@ class DecodeReport:
     def ok(self) -> bool:
         """Whether every checked output and state was within tolerance and no slot outside the batch changed."""
         return (
-            self.max_out_error <= self.tolerance
-            and self.max_state_error <= self.tolerance
+            self.max_out_error <= self.out_tolerance
+            and self.max_state_error <= self.state_tolerance
             and self.untouched_changed == 0
         )
 
@@ -56,8 +57,9 @@ class DecodeReport:
         layer_steps = self.layers * self.steps
         if self.checked:
             errors = (
-                f"max error       out {self.max_out_error:.2e}, state {self.max_state_error:.2e} "
-                f"(tolerance {self.tolerance:.1e}, {self.checked_layer_steps} layer-steps checked)"
+                f"max error       out {self.max_out_error:.2e} (budget {self.out_tolerance:.1e}), "
+                f"state {self.max_state_error:.2e} (budget {self.state_tolerance:.1e}); "
+                f"{self.checked_layer_steps} layer-steps checked"
             )
             result = "OK" if self.ok else "WRONG"
         else:
@@ -123,8 +125,9 @@ def decode_run(
     p = kernel.problem
     gen = torch.Generator().manual_seed(seed)
     T = p.tokens_per_step
+    out_tol, state_tol = oracle.tolerances(p, T, kernel.capabilities.state_precision)
     report = DecodeReport(
-        kernel.backend, p, layers, steps, batch, pad_rows, tolerance=oracle.tolerance(p.state_dtype, p.input_dtype, T)
+        kernel.backend, p, layers, steps, batch, pad_rows, out_tolerance=out_tol, state_tolerance=state_tol
     )
     state = kernel.allocate_state(num_layers=layers)
     all_slots = torch.tensor([s for s in range(p.num_slots) if s != p.pad_slot_id], dtype=torch.int64, device=p.device)

@@ -61,3 +61,57 @@ def available_bytes(device: str):
 def gib(n: int) -> str:
     """``n`` bytes as GiB with one decimal (MiB below one GiB)."""
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def launch_index(device: str):
+    """The CUDA device index to make current around launches for ``device``, or None where none
+    is needed. Triton (and some libraries) launch on the *current* device, not the tensors': a
+    kernel for ``cuda:1`` must launch with ``cuda:1`` current, whatever the engine's current
+    device is.
+
+    None for a device other than CUDA, for ``"cuda"`` without an index (the current device by
+    definition), and when one GPU is visible (it is always current): the hot path stays bare on
+    a one-GPU machine."""
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda" or not index:
+        return None
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        return None
+    return int(index)
+
+
+def current(device: str):
+    """A context manager that makes ``device`` current for the launches inside it (see
+    :func:`launch_index`); a no-op where none is needed."""
+    import contextlib
+
+    index = launch_index(device)
+    if index is None:
+        return contextlib.nullcontext()
+    return _cuda_device(index)
+
+
+def _cuda_device(index: int):
+    """``torch.cuda.device(index)``: the one place this module makes a device current."""
+    import torch
+
+    return torch.cuda.device(index)
+
+
+def on_device(fn, device: str):
+    """``fn`` itself where :func:`launch_index` needs nothing, else ``fn`` called with ``device``
+    current (same signature, ``__wrapped__`` set). A fresh guard per call: safe across threads
+    and nested calls."""
+    index = launch_index(device)
+    if index is None:
+        return fn
+    import functools
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        with _cuda_device(index):
+            return fn(*args, **kwargs)
+
+    return guarded

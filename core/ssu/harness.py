@@ -2,7 +2,7 @@
 checks (:mod:`ssu.conformance`) and the backends' own tests share.
 
 Every comparison goes through the backend-neutral ``read_state`` / ``write_state``, so a backend with
-an unusual layout is held to the same math; tolerances come from :func:`ssu.oracle.tolerance`.
+an unusual layout is held to the same math; budgets come from :func:`ssu.oracle.tolerances`.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def compare_with_reference(
 ):
     """Drive ``backend`` and the reference through ``steps`` steps (and commits) with the same
     inputs, each step starting from the backend's own states; raise :class:`CheckFailure` unless
-    outputs and states agree within :func:`ssu.oracle.tolerance` and every buffer row of the
+    outputs and states agree within :func:`ssu.oracle.tolerances` and every buffer row of the
     slots outside the batch is bit-identical afterwards. Returns the backend's kernel and state.
 
     ``adopt``: the backend steps an engine's cache (:func:`engine_cache`) in place, checked to keep
@@ -179,7 +179,7 @@ def compare_with_reference(
     raw_before = {name: rows[untouched].clone() for name, rows in slot_rows(ts.buffers, problem.num_slots).items()}
     cache_before = [c[untouched].clone() for c in ts.cache]
     T = tokens or problem.tokens_per_step
-    tol = oracle.tolerance(problem.state_dtype, problem.input_dtype, T)
+    out_tol, state_tol = oracle.tolerances(problem, T, tk.capabilities.state_precision)
     weights = [layer_weights(problem, gen, with_D=options, with_dt_bias=options) for _ in range(layers)]
     for slots, dst in batches:
         real = slots[(slots >= 0) & (slots < problem.num_slots) & (slots != problem.pad_slot_id)].long()
@@ -193,7 +193,7 @@ def compare_with_reference(
             out_t = torch.full_like(inputs.x, float("nan"))
             tk.step(ts, out=out_t, layer=layer, dst_slots=dst, **inputs.kwargs())
             out_r = rk.step(rs, layer=layer, dst_slots=dst, **inputs.kwargs())
-            expect_close(f"outputs of layer {layer}", out_t, out_r, tol)
+            expect_close(f"outputs of layer {layer}", out_t, out_r, out_tol)
         if problem.speculative:
             accepted = torch.randint(1, T + 1, (b,), generator=gen, dtype=torch.int32).to(problem.device)
             tk.commit(ts, slots, accepted)
@@ -207,9 +207,9 @@ def compare_with_reference(
         )
         for layer in range(layers):
             want = rk.read_state(rs, written, layer)
-            expect_close(f"states of layer {layer}", tk.read_state(ts, written, layer), want, tol)
+            expect_close(f"states of layer {layer}", tk.read_state(ts, written, layer), want, state_tol)
             if adopt:
-                expect_close(f"the engine's cache of layer {layer}", ts.cache[layer][written].float(), want, tol)
+                expect_close(f"the engine's cache of layer {layer}", ts.cache[layer][written].float(), want, state_tol)
     tk.check()
     rows_after = slot_rows(ts.buffers, problem.num_slots)
     for name, before in raw_before.items():

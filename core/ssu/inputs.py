@@ -34,14 +34,24 @@ class StepInputs:
         return attrs.asdict(self, recurse=False)
 
 
-def layer_weights(problem, generator, *, with_D: bool = True, with_dt_bias: bool = True) -> dict:
-    """Per-head parameters of one layer: A (fp32), D and dt_bias (fp32) or None."""
+def layer_weights(
+    problem,
+    generator,
+    *,
+    with_D: bool = True,
+    with_dt_bias: bool = True,
+    D_dtype: str = "fp32",
+    dt_bias_dtype: Optional[str] = None,
+) -> dict:
+    """Per-head parameters of one layer: A (fp32); D (fp32 unless ``D_dtype``, as engines keep it)
+    and dt_bias (in the input dtype unless ``dt_bias_dtype``, as models hold it), or None."""
     import torch
 
     H, dev = problem.nheads, problem.device
     A = -torch.empty(H).uniform_(1.0, 8.0, generator=generator)
-    D = torch.randn(H, generator=generator) if with_D else None
-    dt_bias = torch.empty(H).uniform_(-3.0, 0.0, generator=generator) if with_dt_bias else None
+    D = torch.randn(H, generator=generator).to(to_torch(D_dtype)) if with_D else None
+    bias_dtype = to_torch(dt_bias_dtype or problem.input_dtype)
+    dt_bias = torch.empty(H).uniform_(-3.0, 0.0, generator=generator).to(bias_dtype) if with_dt_bias else None
     return {k: (None if v is None else v.to(dev)) for k, v in {"A": A, "D": D, "dt_bias": dt_bias}.items()}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from . import faults
+from . import devices, faults
 from .config import Config, load_config
 from . import contract
 from .contract import StepFn, check_step
@@ -50,7 +50,7 @@ def _checked_step(kernel: "Kernel", raw: Callable, full: bool) -> StepFn:
     contract's (:func:`ssu.contract.define_step`), and it passes on the parameters the backend's
     plugin API knows."""
     checker = kernel._checker
-    signatures = Signatures()
+    signatures = Signatures(static=checker.static_strides())
     api = tuple(int(p) for p in kernel._loaded.spec.api_version.split(".")[:2])
     body = _CHECKED_BODY.format(
         tensors=signatures.arguments(), arguments=", ".join(f"{n}={n}" for n in contract.STEP_NAMES)
@@ -110,15 +110,19 @@ class Kernel:
             )
         check_step(raw, self.backend, loaded.spec.api_version)
         self.raw_step: StepFn = raw
-        self.step = _checked_step(self, raw, full=config.validate == "full") if config.validate else raw
+        step = _checked_step(self, raw, full=config.validate == "full") if config.validate else raw
+        # with several GPUs visible, every launch runs with the problem's device current
+        self.step = devices.on_device(step, ctx.problem.device)
         self._commit_keys: set = set()
+        self._launch_index = devices.launch_index(ctx.problem.device)
 
     # lifecycle ---------------------------------------------------------------------------------
     def allocate_state(self, num_layers: int = 1) -> State:
         """Allocate the (zero) state of a group of ``num_layers`` layers in the backend's layout."""
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ConfigError(f"num_layers must be a positive integer, got {num_layers!r}")
-        state = self._hook.ssu_allocate_state(ctx=self._ctx, num_layers=num_layers)
+        with devices.current(self.problem.device):
+            state = self._hook.ssu_allocate_state(ctx=self._ctx, num_layers=num_layers)
         return self._returned_state(state, num_layers, "ssu_allocate_state")
 
     def adopt_state(self, cache) -> State:
@@ -136,7 +140,8 @@ class Kernel:
                 "(reference, triton, flashinfer)"
             )
         layers = self._checker.cache(cache)
-        state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers)
+        with devices.current(self.problem.device):
+            state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers)
         state = self._returned_state(state, len(layers), "ssu_adopt_state")
         if tuple(state.cache) != tuple(layers) or any(a is not b for a, b in zip(state.cache, layers)):
             raise BackendError(
@@ -162,13 +167,15 @@ class Kernel:
         self._checker.state(state, 0)
         if slots is not None:
             self._checker.read(state, slots, 0)
-        self._hook.ssu_sync_state(ctx=self._ctx, state=state, slots=slots)
+        with devices.current(self.problem.device):
+            self._hook.ssu_sync_state(ctx=self._ctx, state=state, slots=slots)
 
     def warmup(self, state: State) -> None:
         """Pay JIT compilation and tuning now (before serving or CUDA-graph capture).
         Every value of ``state`` is left as it was."""
         self._checker.state(state, 0)
-        self._hook.ssu_warmup(ctx=self._ctx, state=state, step=self.raw_step)
+        with devices.current(self.problem.device):
+            self._hook.ssu_warmup(ctx=self._ctx, state=state, step=self.raw_step)
         self.check()
 
     def commit(self, state: State, slots, num_accepted) -> None:  # the contract's CommitFn once bound
@@ -185,7 +192,9 @@ class Kernel:
                 slots.shape,
                 slots.dtype,
                 slots.device,
+                slots.stride(),
                 getattr(num_accepted, "shape", None),
+                getattr(num_accepted, "stride", lambda: None)(),
                 getattr(num_accepted, "dtype", None),
                 getattr(num_accepted, "device", None),
             )
@@ -197,19 +206,25 @@ class Kernel:
                 self._checker.accepted_values(num_accepted)
             self._checker.stepped(state)
             state.stepped.clear()
-        self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
+        if self._launch_index is None:
+            self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
+        else:
+            with devices.current(self.problem.device):
+                self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
 
     def read_state(self, state: State, slots, layer: int = 0):
         """The logical state of ``slots`` in ``layer``: fp32, shape (len(slots), H, P, N)."""
         self.check()
         self._checker.read(state, slots, layer)
-        return self._hook.ssu_read_state(ctx=self._ctx, state=state, slots=slots, layer=layer)
+        with devices.current(self.problem.device):
+            return self._hook.ssu_read_state(ctx=self._ctx, state=state, slots=slots, layer=layer)
 
     def write_state(self, state: State, slots, values, layer: int = 0) -> None:
         """Install ``values`` (len(slots), H, P, N) as the logical state of ``slots`` in ``layer``."""
         self.check()
         self._checker.write(state, slots, values, layer)
-        self._hook.ssu_write_state(ctx=self._ctx, state=state, slots=slots, values=values, layer=layer)
+        with devices.current(self.problem.device):
+            self._hook.ssu_write_state(ctx=self._ctx, state=state, slots=slots, values=values, layer=layer)
 
     def check(self) -> None:
         """Raise :class:`~ssu.InputError` if a step or commit since the last check met a slot id
@@ -254,5 +269,6 @@ def open_kernel(
     registry = default_registry() if registry is None else registry
     loaded, options, resolution = resolve(config, problem, registry)
     ctx = Context(problem, options, loaded.spec, faults=faults.allocate(problem.device))
-    ctx.scratch = loaded.hook.ssu_allocate_scratch(ctx=ctx)
-    return Kernel(loaded, ctx, resolution, config)
+    with devices.current(problem.device):  # launches and compiles on the problem's device
+        ctx.scratch = loaded.hook.ssu_allocate_scratch(ctx=ctx)
+        return Kernel(loaded, ctx, resolution, config)

@@ -7,6 +7,7 @@ the chosen backend along a decode. It works on plain tensors: no kernel, no stat
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 
 def softplus64(v):
@@ -82,15 +83,37 @@ def step_math64(problem, start, inputs):
 EPS = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11, "fp64": 2.0**-53}
 
 
-def tolerance(state_dtype: str, input_dtype: str, tokens: int = 1) -> float:
-    """Relative error (``rel_error``) a correct backend stays under, documented in the README.
+def _budget(u: float, tokens: int) -> float:
+    return 4.0 * max(u, 2.0**-20) * math.sqrt(max(tokens, 1)) + 1e-5
 
-    Inputs are rounded to ``input_dtype`` before both sides see them, so only the output rounding,
-    the cache rounding and fp32 accumulation count; a few units of the coarser dtype, plus slack
-    for the T tokens chained within a step.
-    """
-    coarse = max(EPS[state_dtype], EPS[input_dtype], 2.0**-20)
-    return 4.0 * coarse * math.sqrt(max(tokens, 1)) + 1e-5
+
+def state_tolerance(state_dtype: str, tokens: int = 1) -> float:
+    """Relative error (``rel_error``) a correct backend's new states stay under (docs/spec.md,
+    "Error budgets"): ``4 u sqrt(T) + 1e-5`` with ``u`` the unit roundoff of the state dtype (at
+    least 2^-20).
+
+    Inputs are rounded to their dtypes before both sides see them, so a state computed in fp32
+    from them differs from the float64 one only by fp32 arithmetic and the rounding to the cache
+    dtype: an fp32 state is held to fp32 rounding whatever the input dtype."""
+    return _budget(EPS[state_dtype], tokens)
+
+
+def output_tolerance(input_dtype: str, tokens: int = 1) -> float:
+    """Relative error a correct backend's outputs stay under: ``4 u sqrt(T) + 1e-5`` with ``u`` the
+    unit roundoff of the output dtype (x's, at least 2^-20). Outputs come from the fp32 state
+    before it is rounded to the cache, so the state dtype does not enter."""
+    return _budget(EPS[input_dtype], tokens)
+
+
+def tolerances(problem, tokens: Optional[int] = None, state_precision: Optional[str] = None) -> tuple[float, float]:
+    """(output, state) budgets of ``problem`` for a step of ``tokens`` tokens (default: its T);
+    ``state_precision`` (a backend's ``Capabilities.state_precision``) widens the state budget to
+    that dtype's rounding when it is coarser than the state dtype."""
+    T = problem.tokens_per_step if tokens is None else tokens
+    state = problem.state_dtype
+    if state_precision is not None and EPS[state_precision] > EPS[state]:
+        state = state_precision
+    return output_tolerance(problem.input_dtype, T), state_tolerance(state, T)
 
 
 def rel_error(actual, expected) -> float:

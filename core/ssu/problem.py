@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 
@@ -111,6 +111,45 @@ class Problem:
         from .dtypes import ITEMSIZE
 
         return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype]
+
+    def shard(self, tp: int, rank: int, *, device: Optional[str] = None) -> "Problem":
+        """The problem one rank of a ``tp``-way tensor-parallel layer holds: H / tp heads and
+        G / tp groups, on ``device`` (default: this problem's; pass the rank's own, ``cuda:1``).
+
+        A single group (G = 1, Granite 4.0-H, Mamba2-2.7B) is replicated: every rank holds it
+        whole, as Mamba2 engines shard such layers. Refused with ``ConfigError`` when H is not a
+        multiple of tp, or G > 1 is not; :meth:`shard_slices` says which heads and groups a rank
+        takes from the unsharded tensors."""
+        heads, groups = self.shard_slices(tp, rank)
+        return attrs.evolve(
+            self, nheads=len(heads), ngroups=len(groups), device=self.device if device is None else device
+        )
+
+    def shard_slices(self, tp: int, rank: int) -> tuple[range, range]:
+        """(heads, groups) of the unsharded layer that rank ``rank`` of ``tp`` holds (see :meth:`shard`)."""
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ConfigError(f"shard: tp must be a positive integer, got {tp!r}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < tp:
+            raise ConfigError(f"shard: rank must be 0..{tp - 1} for tp={tp}, got {rank!r}")
+        H, G = self.nheads, self.ngroups
+        if H % tp:
+            fits = [d for d in range(1, H + 1) if H % d == 0 and (G == 1 or G % d == 0)]
+            raise ConfigError(
+                f"shard: nheads={H} does not split over tp={tp} ranks; tensor parallelism needs H a "
+                f"multiple of tp (tp that fit H={H} G={G}: {', '.join(map(str, fits))})"
+            )
+        if G % tp and G != 1:
+            fits = [d for d in range(1, G + 1) if G % d == 0 and H % d == 0]
+            raise ConfigError(
+                f"shard: ngroups={G} does not split over tp={tp} ranks (a single group is replicated, "
+                f"{G} groups are not); tp that fit H={H} G={G}: {', '.join(map(str, fits))}"
+            )
+        h = H // tp
+        heads = range(rank * h, (rank + 1) * h)
+        if G == 1:
+            return heads, range(0, 1)
+        g = G // tp
+        return heads, range(rank * g, (rank + 1) * g)
 
     def describe(self) -> str:
         """A one-line description of the problem for messages and reports."""

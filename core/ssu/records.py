@@ -25,8 +25,10 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: ``ssu_sync_state``), destination slots (``Capabilities.destination_slots``, the step's
 #: ``dst_slots``), pad ids inside the cache (``Capabilities.any_pad_slot_id``), guarded slot ids
 #: (``Capabilities.guards_slots``, ``Context.faults``) and expanded per-head parameters
-#: (``Capabilities.tied_inputs``).
-PLUGIN_API_VERSION = "1.2"
+#: (``Capabilities.tied_inputs``); 1.3 added the layout and dtype limits a backend declares instead
+#: of failing inside its kernel (``Capabilities.contiguous_rows``, ``Capabilities.dt_bias_as_dt``)
+#: and the precision of its states (``Capabilities.state_precision``).
+PLUGIN_API_VERSION = "1.3"
 
 
 def _frozen(values) -> frozenset:
@@ -35,6 +37,11 @@ def _frozen(values) -> frozenset:
 
 def _optional_frozen(values) -> Optional[frozenset]:
     return None if values is None else frozenset(values)
+
+
+def _optional_state_dtype(instance, attribute, value) -> None:
+    if value is not None and value not in STATE_DTYPES:
+        raise ValueError(f"Capabilities.{attribute.name} must be None or one of {sorted(STATE_DTYPES)}, got {value!r}")
 
 
 @attrs.frozen
@@ -58,6 +65,16 @@ class Capabilities:
     ``tied_inputs``: the step also takes the per-head parameters in Mamba2's expanded form, as
     engines pass them: dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P), each with stride 0
     along P (and N), so that no view has to be made per call.
+    ``contiguous_rows``: the step reads each row of x, z, B, C, dt and out contiguously and the
+    per-head A, D and dt_bias with unit stride over the heads; only the batch and token strides
+    are free (a slice of a projection is fine, a transposed view is not). The core refuses other
+    layouts; without it any strides a view produces are served.
+    ``dt_bias_as_dt``: the kernel reads dt_bias in dt's dtype, so one wider than dt (fp32 with a
+    bf16 or fp16 dt) is refused rather than rounded (rounding it would move every state).
+    ``state_precision``: the dtype whose rounding bounds the error of the states this backend
+    computes, where that is coarser than the state dtype (a kernel whose products run on bf16
+    tensor cores declares ``"bf16"``); the conformance kit's state budget follows it, and users
+    see it in ``ssu list``. None: the state dtype's own rounding.
     """
 
     devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
@@ -79,6 +96,9 @@ class Capabilities:
     any_pad_slot_id: bool = False
     guards_slots: bool = False
     tied_inputs: bool = False
+    contiguous_rows: bool = False
+    dt_bias_as_dt: bool = False
+    state_precision: Optional[str] = attrs.field(default=None, validator=_optional_state_dtype)
 
     def check(self, problem: "Problem") -> list[str]:
         """Reasons why ``problem`` is outside these capabilities (empty list: inside)."""

@@ -177,7 +177,8 @@ from ssu.testing import assert_conformant
 
 
 def test_conformance():
-    assert_conformant("{name}", max_examples=10)
+    # profile "quick" while iterating, "thorough" before a release
+    assert_conformant("{name}", profile="default")
 
 
 def test_selected_from_a_config_file(tmp_path):

@@ -33,34 +33,37 @@ def _tensor_guards():
 
 #: where the tensors of a call sit in a signature: the contract's tensor parameters, in order
 _POSITIONS = {name: i for i, name in enumerate(contract.TENSOR_NAMES)}
-#: positions whose strides after the first are part of the signature: out (what was checked of it)
-#: and the per-head parameters (stride 0 along P and N where expanded)
-_STRIDED = tuple(_POSITIONS[n] for n in ("out", *contract.PER_HEAD))
+#: tensors whose strides, from the given dimension on, are part of every signature: out (what was
+#: checked of it), the per-head parameters (stride 0 along P and N where expanded) and the slot ids
+#: (read as contiguous vectors)
+STATIC_STRIDES: dict[str, int] = {"out": 0, **{n: 1 for n in contract.PER_HEAD}, "slots": 0, "dst_slots": 0}
 
 
-def _python_key(tensors) -> tuple:
+def _python_key(tensors, static: tuple) -> tuple:
     """A signature as a Python key: what the guards compare."""
-    return (
-        tuple((t.shape, t.dtype, t.device) for t in tensors)
-        + tuple(tensors[i].stride()[1:] for i in _STRIDED)
-        + (tensors[_POSITIONS["out"]].stride()[:1],)
-    )
+    return tuple((t.shape, t.dtype, t.device) for t in tensors) + tuple(tensors[i].stride()[d:] for i, d in static)
+
+
+#: bytes to which a ``contiguous_rows`` backend needs x, z, B and C and their rows aligned
+ROW_ALIGNMENT = 16
 
 
 class Signatures:
     """The input signatures of one kernel that passed the full check.
 
-    A signature is the dtype, device, sizes (and, for ``out`` and the per-head parameters,
-    strides) of the call's tensor arguments (``ssu.contract.TENSOR_NAMES``, in that order), an
+    A signature is the dtype, device, sizes (and, for the tensors of ``static``, by default
+    :data:`STATIC_STRIDES`, strides) of the call's tensor arguments (``ssu.contract.TENSOR_NAMES``, in that order), an
     absent optional one standing as an empty placeholder. :meth:`seen` compares a call against the
     remembered signatures; it never raises (a non-tensor simply matches none). torch's guards also
     compare autograd and dispatch state, and never match a call that passes one tensor as two
     arguments: such calls take the full check each time, never a wrong answer.
     """
 
-    def __init__(self, use_guards: bool = True) -> None:
+    def __init__(self, use_guards: bool = True, static: Optional[dict] = None) -> None:
         import torch
 
+        #: (position, first dimension) of the strides each signature holds
+        self._static = tuple((_POSITIONS[n], d) for n, d in (STATIC_STRIDES if static is None else static).items())
         self._guard_class = _tensor_guards() if use_guards else None
         #: what stands for an absent optional tensor, one each (the guards never match a tensor
         #: passed twice): callers pass these instead of None (:meth:`arguments` says how)
@@ -84,7 +87,7 @@ class Signatures:
                     return True
             return False
         try:
-            key = _python_key(tensors)
+            key = _python_key(tensors, self._static)
         except AttributeError:
             return False
         return key in self._entries
@@ -94,10 +97,8 @@ class Signatures:
         entry = None
         if self._guard_class is not None:
             strides = [[None] * t.dim() for t in tensors]
-            out = _POSITIONS["out"]
-            strides[out] = list(tensors[out].stride())
-            for i in _STRIDED[1:]:
-                strides[i][1:] = list(tensors[i].stride()[1:])
+            for i, d in self._static:
+                strides[i][d:] = list(tensors[i].stride()[d:])
             try:
                 entry = self._guard_class(
                     *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors], dynamic_dims_strides=strides
@@ -106,9 +107,18 @@ class Signatures:
                 self._guard_class = None
                 self._entries.clear()
         if entry is None:
-            entry = _python_key(tensors)
+            entry = _python_key(tensors, self._static)
         self._entries.insert(0, entry)
         del self._entries[MAX_SIGNATURES:]
+
+
+def _contiguous_strides(shape) -> tuple:
+    """The strides of a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(tuple(shape)):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 class Checker:
@@ -123,6 +133,15 @@ class Checker:
         self.index_dtypes = set(capabilities.index_dtypes)
         self.shared_commit = capabilities.layers_share_commit
         self.device = torch.device(problem.device)
+
+    def static_strides(self) -> dict:
+        """Which strides a signature holds for this kernel (:class:`Signatures`): the defaults, and
+        for a backend that declares ``contiguous_rows`` every stride of x, z, B and C (their batch
+        strides' alignment is checked) and all but the batch and token strides of dt."""
+        if not self.capabilities.contiguous_rows:
+            return dict(STATIC_STRIDES)
+        lead = 2 if self.problem.multi_token else 1
+        return dict(STATIC_STRIDES, x=0, z=0, B=0, C=0, dt=lead, A=0, D=0, dt_bias=0)
 
     # helpers -----------------------------------------------------------------------------------
     def _device_ok(self, t) -> bool:
@@ -156,7 +175,7 @@ class Checker:
 
         expanded = shape + tied
         if isinstance(t, torch.Tensor) and t.dim() == len(expanded) and tuple(t.shape) == expanded:
-            along = t.stride()[len(shape) :]
+            along = tuple(st for st, size in zip(t.stride()[len(shape) :], expanded[len(shape) :]) if size > 1)
             if any(along):
                 raise InputError(
                     f"{name}: varies along its last {len(tied)} dimension(s) (strides {along}, not 0): ssu serves "
@@ -202,6 +221,7 @@ class Checker:
         if not isinstance(slots, torch.Tensor):
             raise InputError(f"{name}: expected an int32 or int64 torch.Tensor, got {type(slots).__name__}")
         self.tensor(name, slots, (None,), tuple(sorted(self.index_dtypes)))
+        self.contiguous_vector(name, slots)
         b = slots.shape[0]
         limit = self.problem.max_batch if max_len is None else max_len
         if not 1 <= b <= limit:
@@ -278,6 +298,73 @@ class Checker:
             raise InputError(f"dt_softplus: expected True or False, got {dt_softplus!r}")
         if dst_slots is not None:
             self.destinations(slots, dst_slots, b)
+        if self.capabilities.contiguous_rows:
+            self.rows_layout(call, len(lead))
+        if self.capabilities.dt_bias_as_dt and dt_bias is not None:
+            self.dt_bias_dtype(dt, dt_bias)
+
+    @staticmethod
+    def contiguous_vector(name: str, t) -> None:
+        """Slot ids and accepted counts are read as contiguous vectors."""
+        if t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1:
+            raise InputError(
+                f"{name}: a strided vector (stride {t.stride(0)}); ids and counts are read as contiguous "
+                f"vectors: pass {name}.contiguous()"
+            )
+
+    def rows_layout(self, call: dict, lead: int) -> None:
+        """``Capabilities.contiguous_rows``: each row of x, z, B, C, dt and out contiguous (out
+        entirely, for one token), x, z, B and C starting and their rows :data:`ROW_ALIGNMENT`
+        bytes aligned (checked with each new signature; a later call's pointers are not), the
+        per-head parameters with unit stride over the heads."""
+        why = (
+            f"backend {self.backend!r} reads each row contiguously (only the batch and token strides are free: "
+            "a slice of a projection is fine, a transposed or every-other-element view is not)"
+        )
+        for name in ("x", "z", "B", "C", "out"):
+            t = call[name]
+            if t is None:
+                continue
+            want = _contiguous_strides(t.shape[lead:])
+            got = t.stride()[lead:]
+            if got != want:
+                raise InputError(
+                    f"{name}: strides {got} after the batch dimension(s), expected {want}: {why}; "
+                    f"pass {name}.contiguous()"
+                )
+        for name in ("x", "z", "B", "C"):
+            t = call[name]
+            if t is None or not t.dim():
+                continue
+            if t.data_ptr() % ROW_ALIGNMENT or (t.stride(0) * t.element_size()) % ROW_ALIGNMENT:
+                where = (
+                    "starts at an address" if t.data_ptr() % ROW_ALIGNMENT else f"has rows {t.stride(0)} values apart"
+                )
+                raise InputError(
+                    f"{name}: {where} not a multiple of {ROW_ALIGNMENT} bytes; backend {self.backend!r} loads "
+                    f"{ROW_ALIGNMENT}-byte packets from each row: keep the projection's row width and the slice's "
+                    f"offset multiples of {ROW_ALIGNMENT} bytes, or pass {name}.contiguous()"
+                )
+        out = call["out"]
+        if out is not None and lead == 1 and out.dim() and out.stride(0) != out[0].numel():
+            raise InputError(
+                f"out: rows {out.stride(0)} values apart, expected {out[0].numel()}: backend "
+                f"{self.backend!r} writes the outputs of a one-token step as one contiguous block; "
+                "give a contiguous out"
+            )
+        for name, dim in (("dt", lead), ("A", 0), ("D", 0), ("dt_bias", 0)):
+            t = call[name]
+            if t is not None and t.shape[dim] > 1 and t.stride(dim) != 1:
+                raise InputError(f"{name}: head stride {t.stride(dim)}, expected 1: {why}; pass {name}.contiguous()")
+
+    def dt_bias_dtype(self, dt, dt_bias) -> None:
+        """``Capabilities.dt_bias_as_dt``: a dt_bias wider than dt is refused, not rounded."""
+        if dt_bias.dtype != dt.dtype and dtype_name(dt_bias.dtype) == "fp32":
+            raise InputError(
+                f"dt_bias: fp32 while dt is {dtype_name(dt.dtype)}; backend {self.backend!r} reads dt_bias in dt's "
+                "dtype, and rounding it would move every state. Convert it once when the weights load "
+                "(dt_bias.to(dt.dtype)), pass dt in fp32, or choose a backend without this limit (reference, triton)"
+            )
 
     def destinations(self, slots, dst_slots, b: int) -> None:
         """Check dst_slots: the capability, its shape against slots, and (full validation) its values."""
@@ -312,6 +399,7 @@ class Checker:
             )
         b = self.slots(slots)
         self.tensor("num_accepted", num_accepted, (b,), ("int32", "int64"))
+        self.contiguous_vector("num_accepted", num_accepted)
 
     def stepped(self, state) -> None:
         """A commit needs every layer of the group stepped since the last one: the others' drafts

@@ -193,7 +193,7 @@ def make_step(ctx):
             )
         )
         rec = layout.record(state)
-        rec.A[layer] = A
+        rec.A[layer] = A if A.dim() == 1 else A[:, 0, 0]  # per head, also when given expanded (H, P, N)
         rec.pending_layers.add(layer)
         rec.pending_slots = slots
         if commits_itself and layer == state.num_layers - 1:

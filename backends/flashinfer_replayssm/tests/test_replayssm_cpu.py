@@ -257,20 +257,14 @@ def test_long_decodes_match_the_reference(emulated, state_dtype, tokens, extra, 
 
 
 def test_conformance_suite_passes_on_the_emulated_kernel(emulated):
-    results = run_conformance(NAME, device="cpu", registry=emulated, options={"max_window": 4})
-    failed = [r for r in results if r.status == "fail"]
-    assert results and not failed, failed
-    passed = {r.name for r in results if r.status == "pass"}
-    assert {
-        "slot ids outside the cache served as pad rows and reported",
-        "a commit with a layer not stepped is refused",
-    } <= passed
-    skipped = {r.name for r in results if r.status == "skip"} - passed
-    assert skipped == {
-        "CUDA-graph replay equals eager calls",
-        "steps that write dst_slots",
-        "an engine's cache adopted and stepped in place",
-    }
+    results = run_conformance(NAME, device="cpu", registry=emulated, options={"max_window": 4}, profile="quick")
+    failed = [f"{r.check}: {r.failure}" for r in results if r.status == "fail"]
+    assert results and not failed, "\n".join(failed)
+    passed = {r.check for r in results if r.status == "pass"}
+    assert {"step", "decode", "guarded-ids", "partial-commit"} <= passed
+    assert {r.check for r in results if r.status == "skip"} == {"cuda-graph", "destinations", "adopted"}
+    step = next(r for r in results if r.check == "step")
+    assert step.refused  # tokens beyond max_window = 4 are turned down by ssu_supports, not failed
 
 
 def _open(emulated, p, **options):

@@ -61,6 +61,8 @@ def ssu_backend():
             any_pad_slot_id=True,
             guards_slots=True,
             tied_inputs=True,
+            contiguous_rows=True,
+            dt_bias_as_dt=True,
         ),
         options_class=FlashInferOptions,
         description="FlashInfer selective_state_update (JIT-compiled CUDA), algorithm choice, destination slots",

@@ -38,11 +38,20 @@ def row_buffers(problem, dtype, dev) -> dict:
         base=torch.empty(b, dtype=dtype, device=dev),
         dst_t=torch.empty(b, T, dtype=dtype, device=dev),
         steps=torch.arange(1, T + 1, dtype=torch.int32, device=dev),
-        pad=torch.full((), problem.pad_slot_id, dtype=dtype, device=dev),
+        pad=torch.full((), flashinfer_pad(problem), dtype=dtype, device=dev),
+        pad_slot=torch.full((), problem.pad_slot_id, dtype=dtype, device=dev),
         zero=torch.zeros((), dtype=dtype, device=dev),
         sink=torch.full((), problem.num_slots, dtype=dtype, device=dev),
         no_fault=torch.full((), faults.NO_FAULT, dtype=torch.int64, device=dev),
     )
+
+
+def flashinfer_pad(problem) -> int:
+    """The pad id FlashInfer is handed with the rows: the problem's when negative, else -1. The
+    rows are this backend's (``slot * K + version`` for a speculative state it allocated), so a pad
+    id of 0 or more could equal a real row there, and FlashInfer would skip that row; -1 is no
+    row. Pad rows of every layout read -1 (a zero state, nothing written)."""
+    return problem.pad_slot_id if problem.pad_slot_id < 0 else -1
 
 
 def real_ids(buf, ids, num_slots: int, pad_slot_id: int, out):
@@ -105,7 +114,7 @@ def guarded_rows(scratch, problem, state, slots, dst_slots, record) -> Rows:
         if dst_slots is not None:
             dst_real = real_ids(buf, dst_slots, p.num_slots, p.pad_slot_id, buf["dst_real"][:b])
             record_outside(buf, record, dst_slots, dst_real, faults.DST_SLOTS, p.pad_slot_id)
-            sink = buf["pad"] if state.adopted else buf["sink"]
+            sink = buf["pad_slot"] if state.adopted else buf["sink"]
             torch.logical_and(dst_real, real, out=dst_real)
             dst = torch.where(dst_real, dst_slots, sink, out=buf["dst"][:b])
         rows = Rows(read, dst)
@@ -137,7 +146,7 @@ def _triton_rows(buf, problem, state, slots, dst_slots, record) -> Rows:
         record,
         num_slots=p.num_slots,
         pad_slot_id=p.pad_slot_id,
-        pad_read=p.pad_slot_id,
+        pad_read=flashinfer_pad(p),
         sink=sink,
         versions=versions(p),
         tokens=buf["dst_t"].shape[1],

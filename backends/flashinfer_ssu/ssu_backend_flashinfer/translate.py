@@ -23,7 +23,7 @@ from ssu.dtypes import to_torch
 from ssu.errors import InputError
 from ssu.slot_state import versions
 
-from .rows import guarded_rows, layer_rows, row_buffers
+from .rows import flashinfer_pad, guarded_rows, layer_rows, row_buffers
 
 
 def tie_hdim(problem, dt, A, D, dt_bias, x) -> dict:
@@ -75,7 +75,7 @@ def fi_arguments(
         **tie_hdim(problem, dt, A, D, dt_bias, x),
         dt_softplus=dt_softplus,
         state_batch_indices=read_rows,
-        pad_slot_id=problem.pad_slot_id,
+        pad_slot_id=flashinfer_pad(problem),
         out=out,
         algorithm=options.algorithm,
     )

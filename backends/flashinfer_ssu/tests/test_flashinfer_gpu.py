@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu.conformance import check_cuda_graph
+from ssu.conformance import run_on
 from ssu.harness import compare_with_reference, stochastic_rounding_bias
 
 pytestmark = pytest.mark.gpu
@@ -94,7 +94,7 @@ def test_sm100_algorithms_refused_at_open_on_hopper():
 @pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
 def test_cuda_graph_capture_and_replay(name, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
-    check_cuda_graph(ssu.open(ssu.Config(backend="flashinfer"), cuda_problem(name)), gen)
+    run_on(ssu.open(ssu.Config(backend="flashinfer"), cuda_problem(name)), "cuda-graph", gen)
 
 
 def test_stochastic_rounding_is_unbiased(gen):
@@ -149,9 +149,7 @@ def test_adopted_caches_and_destinations_at_model_shapes(name, gen):
 
 @pytest.mark.parametrize("name", ["8b-fp32", "8b-fp32-T4"])
 def test_ids_outside_the_cache(name, gen):
-    from ssu.conformance import check_guarded_ids
-
-    check_guarded_ids(ssu.open(ssu.Config(backend="flashinfer"), cuda_problem(name)), gen)
+    run_on(ssu.open(ssu.Config(backend="flashinfer"), cuda_problem(name)), "guarded-ids", gen)
 
 
 #: the head dims and dstates declared beyond the model shapes above, each a module of its own

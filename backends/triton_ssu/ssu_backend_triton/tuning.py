@@ -7,18 +7,19 @@ batch bucket, so that the next process reuses them without timing anything.
 
 Cache file: option ``tuning_cache``, else ``$SSU_TRITON_TUNING_CACHE``, else
 ``$XDG_CACHE_HOME/ssu/triton-tuning.json`` (``~/.cache/ssu/triton-tuning.json``).
-Delete the file to clear it.
+Delete the file to clear it. Several processes may tune at once: each merges its entries under
+the file's lock (``triton-tuning.json.lock`` beside it) and replaces the file atomically.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 from ssu.dtypes import ITEMSIZE
+from ssu.files import locked, write_atomically
 
 ENV_CACHE = "SSU_TRITON_TUNING_CACHE"
 #: scratch memory tuning may use per bucket (bytes)
@@ -166,16 +167,15 @@ def cached_schedule(cached: dict, key: str) -> Optional[Schedule]:
 
 
 def write_cache(path: Optional[Path], entries: dict) -> None:
-    """Merge ``entries`` into the cache file atomically (other processes' entries are kept)."""
+    """Merge ``entries`` into the cache file: under the file's lock (so that processes tuning at
+    once, the ranks of one job, keep each other's entries) and by atomic replacement (so that a
+    reader never sees half a file)."""
     if path is None or not entries:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    merged = read_cache(path)
-    merged.update(entries)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".triton-tuning-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(merged, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    with locked(path):
+        merged = read_cache(path)
+        merged.update(entries)
+        write_atomically(path, json.dumps(merged, indent=1, sort_keys=True))
 
 
 def tune_bucket(

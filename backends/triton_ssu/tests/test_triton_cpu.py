@@ -3,6 +3,8 @@ interpreter on the CPU in CI; the real GPU when there is one), options, availabi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
@@ -283,6 +285,28 @@ def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
     assert best == expected and us == 12.0 + (-1.0 if expected.branchless else 0.0)
 
 
+def _tune_into(path: str, rank: int, entries: int) -> None:
+    for i in range(entries):
+        tuning.write_cache(Path(path), {f"rank {rank} bucket {i}": {"config": [8, 4, 1, 0, 96, 1, 1], "us": 1.0}})
+
+
+def test_ranks_tuning_at_once_keep_every_entry(tmp_path):
+    """Four processes writing the tuning cache at once (the ranks of one job): no entry lost, the
+    file whole JSON throughout."""
+    import multiprocessing
+
+    path = tmp_path / "tuning.json"
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_tune_into, args=(str(path), rank, 30)) for rank in range(4)]
+    for r in ranks:
+        r.start()
+    for r in ranks:
+        r.join(180)
+        assert r.exitcode == 0
+    cached = tuning.read_cache(path)
+    assert set(cached) == {f"rank {r} bucket {i}" for r in range(4) for i in range(30)}
+
+
 def test_torch_compile_custom_op(gen):
     """The step inside torch.compile goes through torch.ops.ssu_triton.step (fake impl traced)."""
     from ssu.inputs import pick_slots, step_inputs
@@ -360,12 +384,12 @@ def test_destination_slots_on_an_allocated_state(gen):
 def test_ids_outside_the_cache_in_the_kernel(gen):
     """The kernel's own guard (no core guard: the backend declares guards_slots): rows with ids
     outside the cache are pad rows and the first is recorded; commits with counts outside 1..T too."""
-    from ssu.conformance import check_guarded_ids
+    from ssu.conformance import run_on
 
     for fields in ({}, {"tokens_per_step": 3, "speculative": True}, {"engine_state": True}):
         kernel = ssu.open(ssu.Config(backend="triton"), problem(num_slots=9, **fields))
         assert kernel.capabilities.guards_slots
-        check_guarded_ids(kernel, gen)
+        run_on(kernel, "guarded-ids", gen)
 
 
 def test_dropin_through_triton(gen):
@@ -393,7 +417,7 @@ def test_dropin_through_triton(gen):
     states, outs = oracle.ssu_math64(
         before[:3], x[:, None], dt[:, None], A, B[:, None], C[:, None], D=D, dt_softplus=True
     )
-    assert oracle.rel_error(out[:, None], outs) < oracle.tolerance("fp32", "bf16")
-    assert oracle.rel_error(cache[:3], states[:, 0]) < oracle.tolerance("fp32", "bf16")
+    assert oracle.rel_error(out[:, None], outs) < oracle.output_tolerance("bf16")
+    assert oracle.rel_error(cache[:3], states[:, 0]) < oracle.state_tolerance("fp32")
     assert torch.equal(cache[3:], before[3:])
     ssu.dropin.clear()

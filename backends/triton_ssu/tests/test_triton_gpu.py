@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ssu
-from ssu.conformance import check_cuda_graph
+from ssu.conformance import run_on
 from ssu.harness import stochastic_rounding_bias
 
 from triton_helpers import compare_steps, launch_layer, seeded_states
@@ -59,7 +59,7 @@ def test_model_shapes_match_reference(shape, state_dtype, tokens, gen):
 def test_cuda_graph_capture_and_replay(tokens, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
-    check_cuda_graph(ssu.open(ssu.Config(backend="triton"), p), gen)
+    run_on(ssu.open(ssu.Config(backend="triton"), p), "cuda-graph", gen)
 
 
 def test_warmup_leaves_state_intact(gen, tmp_path):
@@ -174,7 +174,7 @@ def test_programmatic_dependent_launch(tokens, gen):
         "programmatic_launch": True,
     }
     compare_steps(p, gen, steps=3, pad=3, layers=2, kernel_options=options)
-    check_cuda_graph(ssu.open(ssu.Config(backend="triton", backends={"triton": options}), p), gen)
+    run_on(ssu.open(ssu.Config(backend="triton", backends={"triton": options}), p), "cuda-graph", gen)
     ssm = torch.randn(1, 8, 1, p.nheads, p.headdim, p.dstate, device="cuda")
     slots = torch.arange(8, dtype=torch.int32, device="cuda")
     i = step_inputs(attrs.evolve(p, tokens_per_step=1, speculative=False), slots, gen)
@@ -296,10 +296,8 @@ def test_adopted_caches_and_destinations_at_model_shapes(state_dtype, tokens, ge
 
 
 def test_ids_outside_the_cache_on_the_gpu(gen):
-    from ssu.conformance import check_guarded_ids
-
     for fields in ({}, {"tokens_per_step": 4, "speculative": True}):
-        check_guarded_ids(ssu.open(ssu.Config(backend="triton"), cuda_problem(**fields)), gen)
+        run_on(ssu.open(ssu.Config(backend="triton"), cuda_problem(**fields)), "guarded-ids", gen)
 
 
 def test_dropin_in_a_cuda_graph(gen):

@@ -63,6 +63,15 @@ def _parser() -> Parser:
     p.add_argument(
         "--device", default=None, help="device (default: cuda if the backend supports it and one is present)"
     )
+    p.add_argument(
+        "--profile",
+        choices=("smoke", "quick", "default", "thorough"),
+        default="default",
+        help="how much to cover: smoke (tiny, T <= 4: for interpreters), quick (small shapes), "
+        "default (real model shapes, long decodes), thorough",
+    )
+    p.add_argument("--examples", type=int, help="problems drawn per check (default: the profile's)")
+    p.add_argument("--check", action="append", dest="checks", metavar="NAME", help="run only this check (repeatable)")
 
     p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
     p.add_argument("name", help="backend name, e.g. mykernel (the distribution is ssu-backend-NAME)")
@@ -116,6 +125,8 @@ def cmd_backends(args) -> int:
                     ("cuda graphs", c.cuda_graphs),
                     ("adopts engine caches", c.adopt_state),
                     ("destination slots", c.destination_slots),
+                    ("contiguous rows only", c.contiguous_rows),
+                    (f"states at {c.state_precision} precision", c.state_precision is not None),
                 )
                 if on
             ]
@@ -268,25 +279,64 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
 
 
 def cmd_verify(args) -> int:
-    """Run the conformance checks on one backend and print what ran, what passed and what was skipped."""
-    from ..conformance import run_conformance
+    """Run the conformance checks on one backend and print what each ran, passed, skipped or failed."""
+    import importlib.util
+
+    if importlib.util.find_spec("hypothesis") is None:
+        raise UsageError("ssu verify draws its cases with hypothesis: pip install 'ssu-core[test]'")
+    from ..conformance import CHECKS, PROFILES, run_conformance
     from ..registry import default_registry
 
     if args.device:
         check_device(args.device)
+    unknown = [c for c in args.checks or [] if c not in CHECKS]
+    if unknown:
+        raise UsageError(f"--check {unknown[0]}: no such check; the checks are {', '.join(CHECKS)}")
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples {args.examples}: give a positive number")
     config = _config(args)
     registry = default_registry()
     name, device = _verified_backend(config, registry, args.device)
     chosen = "" if config.candidates == (name,) else f" (from {', '.join(config.candidates)})"
-    print(f"ssu verify: backend {name}{chosen} on {device}", flush=True)
-    results = run_conformance(name, device=device, registry=registry, options=config.options_for(name))
-    for r in results:
-        print(f"  {r.status.upper():4s}  {r.name}  [{r.problem}]")
-        if r.detail:
-            print(f"        {r.detail}")
-    failed = sum(r.status == "fail" for r in results)
-    skipped = sum(r.status == "skip" for r in results)
-    print(f"{len(results) - failed - skipped} passed, {failed} failed, {skipped} skipped")
+    profile = PROFILES[args.profile]
+    examples = args.examples or profile.examples
+    print(
+        f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} ({examples} drawn problems "
+        f"per check, {profile.real_shapes} real model shapes, decodes of {profile.decode_steps} steps"
+        + (f", T capped at {profile.max_tokens}" if profile.max_tokens is not None else "")
+        + ")",
+        flush=True,
+    )
+
+    def show(report) -> None:
+        print(f"  {report.status.upper():4s}  {report.check:15s} {CHECKS[report.check].what} ({report.seconds:.1f} s)")
+        if report.ran:
+            print(f"        ran {report.coverage()}")
+        for reason, count in report.refused:
+            print(f"        refused by the backend ({count}x): {reason}")
+        if report.status == "skip":
+            print(f"        skipped: {report.detail}")
+        elif report.skipped:
+            for reason, count in report.skipped:
+                print(f"        not applicable ({count}x): {reason}")
+        if report.failure:
+            for line in report.failure.splitlines():
+                print(f"        {line}")
+        sys.stdout.flush()
+
+    reports = run_conformance(
+        name,
+        device=device,
+        registry=registry,
+        options=config.options_for(name),
+        profile=profile,
+        checks=args.checks,
+        max_examples=args.examples,
+        on_report=show,
+    )
+    failed = sum(r.status == "fail" for r in reports)
+    skipped = sum(r.status == "skip" for r in reports)
+    print(f"{len(reports) - failed - skipped} passed, {failed} failed, {skipped} skipped")
     return EXIT_WRONG if failed else EXIT_OK
 
 

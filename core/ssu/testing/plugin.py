@@ -1,7 +1,7 @@
 """pytest plugin of the conformance kit (entry point ``pytest11: ssu``).
 
 It adds options, and the ``gpu`` marker that every ssu distribution's GPU tests carry: such a test
-is skipped, with the reason, where no CUDA device is visible (so that ``pytest`` inside one
+is skipped, with the reason, where no CUDA device is visible (``gpu2``: fewer than two) (so that ``pytest`` inside one
 backend's folder behaves as it does from the repository). Nothing else is imported or collected
 unless ``--ssu-backend`` is given, in which case the suite module :mod:`ssu.testing.suite` is
 added to the collected paths.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def pytest_addoption(parser) -> None:
-    """Add the conformance suite's options (--ssu-backend, --ssu-profile, --ssu-device, ...) to pytest."""
+    """Add the conformance suite's options (--ssu-backend, --ssu-profile, --ssu-examples, --ssu-device)."""
     group = parser.getgroup("ssu", "ssu conformance suite")
     group.addoption(
         "--ssu-backend",
@@ -23,12 +23,21 @@ def pytest_addoption(parser) -> None:
         help="run the ssu conformance suite against installed backend NAME",
     )
     group.addoption(
+        "--ssu-profile",
+        action="store",
+        default="default",
+        choices=("smoke", "quick", "default", "thorough"),
+        help="how much the conformance suite covers: smoke (tiny shapes, T <= 4, for interpreters), "
+        "quick (small shapes), default "
+        "(real model shapes too, long decodes), thorough (many more draws)",
+    )
+    group.addoption(
         "--ssu-examples",
         action="store",
         type=int,
-        default=10,
+        default=None,
         metavar="N",
-        help="problems hypothesis draws per conformance check (default 10)",
+        help="problems hypothesis draws per conformance check (default: the profile's)",
     )
     group.addoption(
         "--ssu-device",
@@ -42,6 +51,7 @@ def pytest_addoption(parser) -> None:
 def pytest_configure(config) -> None:
     """Register the gpu marker and, with --ssu-backend, the conformance suite's tests."""
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "gpu2: needs two CUDA devices of one host (skipped with fewer)")
     name = config.getoption("ssu_backend", None)
     if not name:
         return
@@ -58,15 +68,17 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``gpu`` skip without a CUDA device (torch is imported only if there are any)."""
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    """Tests marked ``gpu`` skip without a CUDA device, ``gpu2`` with fewer than two (torch is
+    imported only if there are any)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords or "gpu2" in item.keywords]
     if not gpu_items:
         return
     import pytest
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in gpu_items:
-        item.add_marker(skip)
+        needed = 2 if "gpu2" in item.keywords else 1
+        if count < needed:
+            reason = "needs a CUDA device" if needed == 1 else f"needs two CUDA devices ({count} visible)"
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,5 +1,6 @@
-"""The conformance suite as pytest tests: one test per check, each over hypothesis-drawn problems
-within the backend's capabilities. Collected only with ``pytest --ssu-backend NAME``."""
+"""The conformance suite as pytest tests: one test per check, each over the cases of the chosen
+profile (``--ssu-profile``) drawn inside the backend's capabilities. Collected only with
+``pytest --ssu-backend NAME``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_conformance(ssu_backend, check, request):
         assert_conformant(
             ssu_backend,
             checks=[check],
+            profile=request.config.getoption("ssu_profile"),
             max_examples=request.config.getoption("ssu_examples"),
             device=request.config.getoption("ssu_device"),
         )

@@ -1,0 +1,217 @@
+"""Running the conformance checks on a backend: hypothesis draws the cases of :mod:`.cases`, each
+check runs on every one, and a failure is shrunk to a minimal case before it is reported.
+
+:func:`run_check` is the one loop behind ``ssu verify`` (:func:`run_conformance`) and the pytest
+suite (:func:`ssu.testing.assert_conformant`): both run the same cases (each check's draws come
+from a fixed seed of its own), so a failure seen by one is seen by the other.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+from typing import Callable, Optional
+
+import attrs
+
+from ..errors import InputError, SSUError
+from ..harness import CheckFailure, open_backend
+from .cases import PROFILES, Case, Profile, cases, real_cases
+from .checks import CHECKS, CheckSkipped
+
+
+@attrs.frozen
+class CheckReport:
+    """One check on one backend: ``status`` is ``pass``, ``fail`` or ``skip``.
+
+    ``ran``: the cases that ran to the end; ``skipped``: why others did not apply (reason ->
+    count); ``refused``: problems the backend's ``ssu_supports`` turned down (reason -> count);
+    ``failure``: what was wrong, on the minimal case hypothesis found."""
+
+    check: str
+    status: str
+    ran: tuple = ()
+    skipped: tuple = ()
+    refused: tuple = ()
+    failure: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Whether the check ran and passed (a skipped check has not passed)."""
+        return self.status == "pass"
+
+    @property
+    def detail(self) -> str:
+        """Why it failed or was skipped (empty for a pass)."""
+        if self.status == "fail":
+            return self.failure
+        if self.status == "skip":
+            return "; ".join(reason for reason, _ in self.skipped) or "nothing ran"
+        return ""
+
+    def coverage(self) -> str:
+        """What the cases that ran spanned: shapes, tokens, dtypes, layouts, pad ids, options."""
+        if not self.ran:
+            return "no case ran"
+        problems = [c.problem for c in self.ran]
+
+        def span(values) -> str:
+            values = sorted(set(values))
+            return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+        def kinds(values) -> str:
+            return "/".join(str(v) for v in sorted(set(values), key=lambda v: (isinstance(v, str), v)))
+
+        return ", ".join(
+            [
+                f"{len(self.ran)} cases ({sum(bool(c.label) for c in self.ran)} at real shapes)",
+                f"H {span(p.nheads for p in problems)}",
+                f"P {span(p.headdim for p in problems)}",
+                f"N {span(p.dstate for p in problems)}",
+                f"G {span(p.ngroups for p in problems)}",
+                f"T {span(p.tokens_per_step for p in problems)}",
+                f"state {kinds(p.state_dtype for p in problems)}",
+                f"input {kinds(p.input_dtype for p in problems)}",
+                f"layouts {kinds(c.layout for c in self.ran)}",
+                f"pad ids {kinds(p.pad_slot_id for p in problems)}",
+            ]
+        )
+
+
+class _Failed(AssertionError):
+    """What hypothesis sees of a failed case (the message is the report's)."""
+
+
+def _verdict(loaded, problem, options) -> Optional[str]:
+    """Why the backend's ``ssu_supports`` turns ``problem`` down (None: accepted)."""
+    verdict = loaded.hook.ssu_supports(problem=problem, options=options)
+    if verdict is not None and not verdict.ok:
+        return "; ".join(verdict.reasons) or "rejected by its ssu_supports hook"
+    return None
+
+
+def run_check(
+    backend: str,
+    check: str,
+    *,
+    profile: Profile,
+    device: str,
+    registry,
+    options: Optional[dict] = None,
+    max_examples: Optional[int] = None,
+) -> CheckReport:
+    """Run one check on the profile's cases; never raises for what the backend does wrong."""
+    import torch
+    from hypothesis import HealthCheck, example, given, reject, seed, settings
+
+    from ..resolve import validated_options
+    from ..config import Config
+
+    spec = CHECKS[check]
+    loaded = registry.load(backend)
+    caps = loaded.spec.capabilities
+    started = time.perf_counter()
+    why_not = spec.applies(caps, device)
+    if why_not:
+        return CheckReport(check, "skip", skipped=((why_not, 1),), seconds=0.0)
+    backend_options = validated_options(loaded, Config(backend=backend, backends={backend: options} if options else {}))
+    ran: list[Case] = []
+    skipped: Counter = Counter()
+    refused: Counter = Counter()
+    failure: list[str] = []
+
+    def run_case(case: Case) -> None:
+        reason = _verdict(loaded, case.problem, backend_options)
+        if reason:
+            refused[reason] += 1
+            if case.label:
+                return  # an explicit real shape the backend turns down: counted, not retried
+            reject()
+        try:
+            kernel = open_backend(backend, case.problem, registry, options)
+        except SSUError as exc:
+            message = f"backend {backend!r} refused a problem inside its declared capabilities: {exc}"
+            failure[:] = [f"{message}\n  case: {case.describe()}"]
+            raise _Failed(failure[0]) from None
+        try:
+            spec.function(kernel, case, torch.Generator().manual_seed(case.seed))
+        except CheckSkipped as exc:
+            skipped[str(exc)] += 1
+            return
+        except (CheckFailure, InputError) as exc:
+            kind = "" if isinstance(exc, CheckFailure) else "refused a valid call: "
+            failure[:] = [f"{kind}{exc}\n  case: {case.describe()}"]
+            raise _Failed(failure[0]) from None
+        except Exception as exc:  # a crashing backend fails the check; it does not crash the run
+            failure[:] = [f"raised {type(exc).__name__}: {exc}\n  case: {case.describe()}"]
+            raise _Failed(failure[0]) from None
+        ran.append(case)
+
+    test = given(case=cases(caps, device, profile, speculative=spec.speculative))(run_case)
+    if spec.real_shapes:
+        for case in reversed(real_cases(caps, device, profile, speculative=spec.speculative)):
+            test = example(case=case)(test)
+    test = seed(zlib.crc32(check.encode()))(test)  # each check its own cases, the same ones every run
+    test = settings(
+        max_examples=max_examples or profile.examples,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )(test)
+    try:
+        test()
+    except _Failed:
+        pass
+    except Exception as exc:  # hypothesis' own errors (e.g. nothing could be drawn)
+        if not failure:
+            failure.append(f"{type(exc).__name__}: {exc}")
+    seconds = time.perf_counter() - started
+    rows = dict(ran=tuple(ran), skipped=tuple(skipped.items()), refused=tuple(refused.items()), seconds=seconds)
+    if failure:
+        return CheckReport(check, "fail", failure=failure[-1], **rows)
+    if not ran:
+        if refused and not skipped:
+            reasons = "; ".join(reason for reason, _ in refused.items())
+            return CheckReport(check, "fail", failure=f"every drawn problem was refused: {reasons}", **rows)
+        return CheckReport(check, "skip", **rows)
+    return CheckReport(check, "pass", **rows)
+
+
+def resolve_profile(name_or_profile) -> Profile:
+    """A :class:`Profile` from its name (``smoke``, ``quick``, ``default``, ``thorough``) or itself."""
+    if isinstance(name_or_profile, Profile):
+        return name_or_profile
+    try:
+        return PROFILES[name_or_profile]
+    except KeyError:
+        raise ValueError(f"unknown profile {name_or_profile!r}; the profiles are {', '.join(PROFILES)}") from None
+
+
+def run_conformance(
+    backend: str,
+    *,
+    device: str = "cpu",
+    registry=None,
+    options: Optional[dict] = None,
+    profile="default",
+    checks: Optional[list] = None,
+    max_examples: Optional[int] = None,
+    on_report: Optional[Callable[[CheckReport], None]] = None,
+) -> list[CheckReport]:
+    """Run the checks (default: all) on ``backend``; ``on_report`` sees each report as it is made."""
+    from ..registry import default_registry
+
+    registry = default_registry() if registry is None else registry
+    chosen = resolve_profile(profile)
+    reports = []
+    for name in checks or list(CHECKS):
+        report = run_check(
+            backend, name, profile=chosen, device=device, registry=registry, options=options, max_examples=max_examples
+        )
+        reports.append(report)
+        if on_report is not None:
+            on_report(report)
+    return reports
