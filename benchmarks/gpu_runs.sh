@@ -3,8 +3,8 @@
 # machine, logs under $OUT:
 #   source .device/prelude.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
-# modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, overhead,
-# bench, bench-t4, hf.
+# modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
+# verify-flashinfer, overhead, bench, bench-t4, hf.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -26,9 +26,13 @@ for stage in "$@"; do
       | tee "$OUT/gpu-tests-flashinfer.log" | tail -25 ;;
     tests-replayssm) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider backends/flashinfer_replayssm \
       -k "not fp32-4 and not bf16-4 and not hand_off" 2>&1 | tee "$OUT/gpu-tests-replayssm.log" | tail -25 ;;
-    tests-hf) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_transformers_gpu.py \
+    tests-hf) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_transformers_gpu.py tests/test_bench_gpu.py tests/test_devices.py \
       tests/test_state_safety.py tests/test_validation.py tests/test_engine_state.py 2>&1 \
       | tee "$OUT/gpu-tests-hf.log" | tail -25 ;;
+    verify-triton) timeout 420 python3 -m ssu verify --backend triton --device cuda --profile default 2>&1 \
+      | grep -v '^\[ssu' | tee "$OUT/verify-triton.log" | tail -40 ;;
+    verify-flashinfer) timeout 400 python3 -m ssu verify --backend flashinfer --device cuda --profile smoke 2>&1 \
+      | grep -v '^\[ssu' | tee "$OUT/verify-flashinfer.log" | tail -40 ;;
     overhead) python3 benchmarks/dispatch_overhead.py --calls 20000 --device cuda 2>&1 | tee "$OUT/overhead.log" ;;
     bench) timeout 500 python3 -m ssu bench --state-dtype fp32,bf16 --batches 1,8,32,128,256,512,1024 \
       --backends triton,flashinfer,flashinfer-replayssm --adopt --out "$OUT/bench" 2>&1 | grep -v '^\[ssu' \

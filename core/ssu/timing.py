@@ -1,7 +1,9 @@
 """GPU timing the way the project reports numbers: CUDA-graph replays, CUDA events, the median.
 
 Each launch in a captured graph may use a different input set (rotate them to defeat the L2);
-the graph is replayed several times and the median per-launch time is returned.
+the graph is replayed several times and the median per-launch time is returned. A callable that
+cannot be captured (a backend that does not declare ``cuda_graphs``) is timed launched eagerly
+between CUDA events instead (:func:`event_time_us`), which adds the host's launch time.
 """
 
 from __future__ import annotations
@@ -46,4 +48,31 @@ def graph_time_us(
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000.0 / len(launches))
     del graph
+    return statistics.median(samples)
+
+
+def event_time_us(
+    launches: Sequence[Callable[[], object]], *, repeats: int = 7, warmup: int = 2, min_launches: int = 1
+) -> float:
+    """Median microseconds per launch of ``launches`` run eagerly between two CUDA events (the
+    list cycled to at least ``min_launches`` entries, ``repeats`` times): for callables that a
+    CUDA graph cannot capture. Includes each launch's host time, so it is an upper bound of what
+    the same kernels take inside a graph."""
+    import torch
+
+    launches = list(launches)
+    launches = (launches * -(-min_launches // len(launches)))[: max(min_launches, len(launches))]
+    for _ in range(warmup):
+        for fn in launches:
+            fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for fn in launches:
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / len(launches))
     return statistics.median(samples)

@@ -55,6 +55,9 @@ class Row:
     case: Case
     us: float
     commit_us: Optional[float] = None
+    #: "graph" (CUDA-graph replays), "eager" (launches between CUDA events: a backend that does not
+    #: declare cuda_graphs; includes host time), or the caller's timer ("custom")
+    timing: str = "graph"
 
     @property
     def tbps(self) -> float:
@@ -68,6 +71,7 @@ class Row:
             us=round(self.us, 3),
             tbps=round(self.tbps, 4),
             commit_us=None if self.commit_us is None else round(self.commit_us, 3),
+            timing=self.timing,
         )
 
 
@@ -104,9 +108,9 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
     from ..inputs import layer_weights, step_inputs
     from ..kernel import open_kernel
     from ..problem import Problem
-    from ..timing import graph_time_us
+    from ..timing import event_time_us, graph_time_us
 
-    timer = graph_time_us if timer is None else timer
+    timing = "custom" if timer is not None else "graph"
     spec = case.tokens > 1
     versions = case.tokens + 1 if spec else 1
     sets = max(2, min(64, -(-COLD_BYTES // (case.batch * case.slot_bytes * versions))))
@@ -127,6 +131,9 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
         engine_state=case.adopt,
     )
     kernel = open_kernel(Config(backend=case.backend, validate=False, backends=config.backends), problem)
+    if timer is None:  # a step that cannot be captured is timed eagerly, and labelled so
+        timing = "graph" if kernel.capabilities.cuda_graphs else "eager"
+        timer = graph_time_us if timing == "graph" else event_time_us
     gen = torch.Generator().manual_seed(0)
     if case.adopt:
         from ..dtypes import to_torch
@@ -163,7 +170,7 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
     else:
         launches = [(lambda i=i, o=o: step(state, out=o, layer=0, **i)) for i, o in zip(inputs, outs)]
         us = timer(launches, min_launches=iterations)
-    return Row(case, us, commit_us)
+    return Row(case, us, commit_us, timing)
 
 
 def wall_time_us(launches, *, min_launches: int = 1, repeats: int = 5) -> float:

@@ -37,6 +37,11 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
             f"{c.backend:22s} {c.state_dtype:5s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
             f"{of_copy:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}"
         )
+    eager = sorted({r.case.backend for r in rows if r.timing == "eager"})
+    if eager:
+        lines.append(
+            f"timed eagerly between CUDA events, host launch time included (no CUDA-graph capture): {', '.join(eager)}"
+        )
     for name, reason in refused.items():
         lines.append(f"{name:22s} not measured: {reason}")
     return "\n".join(lines)
