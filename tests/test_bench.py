@@ -123,7 +123,9 @@ def test_a_cpu_smoke_run_over_two_backends_writes_all_outputs(tmp_path, capsys):
         ]
     )
     assert cmd_bench(args, timer=timer) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "[1/" in captured.err and "warming up and timing" in captured.err  # progress per case
     assert "a smoke run" in out and "triton+adopted" in out and "flashinfer" in out and "ssu.toml:" in out
     assert {p.name for p in tmp_path.iterdir()} == {"bench.txt", "bench.json", "bench.png"}
     data = json.loads((tmp_path / "bench.json").read_text())

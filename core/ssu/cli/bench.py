@@ -178,34 +178,38 @@ def cmd_bench(args, timer=None) -> int:
     if args.adopt:
         for name in sorted(set(chosen) - adopting):
             refused[f"{name} (adopted cache)"] = "steps only states it allocates (no adopt_state capability)"
-    for state in states:
-        for batch in batches:
-            for name in chosen:
-                for adopt in (False, True) if args.adopt and name in adopting else (False,):
-                    case = measure.Case(
-                        name,
-                        fields["nheads"],
-                        fields["headdim"],
-                        fields["dstate"],
-                        fields["ngroups"],
-                        state,
-                        args.input_dtype,
-                        args.tokens,
-                        batch,
-                        adopt,
-                    )
-                    label = f"{name}{' (adopted cache)' if adopt else ''} state {state} batch {batch}"
-                    print(f"  {label}: warming up and timing ...", end="", flush=True, file=sys.stderr)
-                    try:
-                        row = measure.measure(case, config, device=device, iterations=args.iterations, timer=timer)
-                    except SSUError as exc:
-                        print(" skipped", file=sys.stderr)
-                        refused[f"{name} (state {state}, batch {batch})"] = str(exc)
-                        continue
-                    print(f" {row.us:.1f} us", file=sys.stderr, flush=True)
-                    rows.append(row)
-                    if not smoke:
-                        torch.cuda.empty_cache()
+    plan = [
+        (state, batch, name, adopt)
+        for state in states
+        for batch in batches
+        for name in chosen
+        for adopt in ((False, True) if args.adopt and name in adopting else (False,))
+    ]
+    for done, (state, batch, name, adopt) in enumerate(plan, 1):
+        case = measure.Case(
+            name,
+            fields["nheads"],
+            fields["headdim"],
+            fields["dstate"],
+            fields["ngroups"],
+            state,
+            args.input_dtype,
+            args.tokens,
+            batch,
+            adopt,
+        )
+        label = f"[{done}/{len(plan)}] {name}{' (adopted cache)' if adopt else ''} state {state} batch {batch}"
+        print(f"  {label}: warming up and timing ...", end="", flush=True, file=sys.stderr)
+        try:
+            row = measure.measure(case, config, device=device, iterations=args.iterations, timer=timer)
+        except SSUError as exc:
+            print(" skipped", file=sys.stderr)
+            refused[f"{name} (state {state}, batch {batch})"] = str(exc)
+            continue
+        print(f" {row.us:.1f} us", file=sys.stderr, flush=True)
+        rows.append(row)
+        if not smoke:
+            torch.cuda.empty_cache()
     if args.adopt:  # the table compares adopted and owned states as two entries
         rows = [attrs_evolve_backend(r) for r in rows]
     text = report.table(rows, ceiling, refused)

@@ -9,7 +9,7 @@ import pytest
 from ssu.testing.checks import CHECK_NAMES, BackendCannotRunHere, CheckSkipped, assert_conformant
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ssu_backend(request):
     """The backend named by --ssu-backend; the suite's tests skip without one."""
     name = request.config.getoption("ssu_backend")
