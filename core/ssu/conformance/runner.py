@@ -104,7 +104,8 @@ def run_check(
 ) -> CheckReport:
     """Run one check on the profile's cases; never raises for what the backend does wrong."""
     import torch
-    from hypothesis import HealthCheck, example, given, reject, seed, settings
+    from hypothesis import HealthCheck, given, reject, seed, settings
+    from hypothesis.errors import Unsatisfiable
 
     from ..resolve import validated_options
     from ..config import Config
@@ -150,9 +151,6 @@ def run_check(
         ran.append(case)
 
     test = given(case=cases(caps, device, profile, speculative=spec.speculative))(run_case)
-    if spec.real_shapes:
-        for case in reversed(real_cases(caps, device, profile, speculative=spec.speculative)):
-            test = example(case=case)(test)
     test = seed(zlib.crc32(check.encode()))(test)  # each check its own cases, the same ones every run
     test = settings(
         max_examples=max_examples or profile.examples,
@@ -162,12 +160,20 @@ def run_check(
         suppress_health_check=list(HealthCheck),
     )(test)
     try:
-        test()
+        test()  # drawn cases first: a failure there is shrunk to a minimal case
     except _Failed:
         pass
-    except Exception as exc:  # hypothesis' own errors (e.g. nothing could be drawn)
+    except Unsatisfiable:  # every drawn problem refused: reported below with the reasons
+        pass
+    except Exception as exc:  # hypothesis' own errors
         if not failure:
             failure.append(f"{type(exc).__name__}: {exc}")
+    if spec.real_shapes and not failure:  # then the real model shapes, as they are
+        for case in real_cases(caps, device, profile, speculative=spec.speculative):
+            try:
+                run_case(case)
+            except _Failed:
+                break
     seconds = time.perf_counter() - started
     rows = dict(ran=tuple(ran), skipped=tuple(skipped.items()), refused=tuple(refused.items()), seconds=seconds)
     if failure:
