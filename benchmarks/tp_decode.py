@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -146,7 +147,7 @@ def rank_main(rank: int, args, init: str) -> None:
 def report(args, full: ssu.Problem, results, states, steps, slots_all) -> bool:
     """Compare the gathered shards with one unsharded kernel on rank 0's device; print the lines."""
     device = results[0]["device"]
-    single = ssu.open(ssu.Config(backend=args.backend), ssu.Problem(**{**_fields(full), "device": device}))
+    single = ssu.open(ssu.Config(backend=args.backend), attrs.evolve(full, device=device))
     calls = [take(c, range(full.nheads), range(full.ngroups), device) for c in steps]
     want_outs, want_final, single_us = decode(single, states, calls, slots_all, args.timed)
     got_outs = torch.cat([r["outs"] for r in results], dim=-2)
@@ -169,12 +170,6 @@ def report(args, full: ssu.Problem, results, states, steps, slots_all) -> bool:
     ok = out_err <= out_budget and state_err <= state_budget
     print("  OK" if ok else "  MISMATCH")
     return ok
-
-
-def _fields(problem: ssu.Problem) -> dict:
-    import attrs
-
-    return attrs.asdict(problem)
 
 
 def main(argv=None) -> int:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import ssu
 from ssu import slot_state
 from ssu.reference.math import make_step, per_head
+from ssu.validation import contiguous_strides
 
 
 class _Base:
@@ -132,7 +133,7 @@ class AssumesContiguous(_Base):
     def wrong(self, ctx, step, call):
         for name in ("x", "B", "C"):
             t = call[name]
-            call[name] = t.as_strided(t.shape, torch.empty(t.shape).stride(), t.storage_offset())
+            call[name] = t.as_strided(t.shape, contiguous_strides(t.shape), t.storage_offset())
         return step(**call)
 
 

@@ -85,10 +85,15 @@ def launch_index(device: str):
 def current(device: str):
     """A context manager that makes ``device`` current for the launches inside it (see
     :func:`launch_index`); a no-op where none is needed."""
-    import contextlib
+    return guard(launch_index(device))
 
-    index = launch_index(device)
+
+def guard(index):
+    """A context manager that makes CUDA device ``index`` current, or a no-op for None (what
+    :func:`launch_index` returns where nothing needs switching)."""
     if index is None:
+        import contextlib
+
         return contextlib.nullcontext()
     return _cuda_device(index)
 
@@ -104,7 +109,11 @@ def on_device(fn, device: str):
     """``fn`` itself where :func:`launch_index` needs nothing, else ``fn`` called with ``device``
     current (same signature, ``__wrapped__`` set). A fresh guard per call: safe across threads
     and nested calls."""
-    index = launch_index(device)
+    return on_index(fn, launch_index(device))
+
+
+def on_index(fn, index):
+    """``fn`` itself for ``index`` None, else ``fn`` called with CUDA device ``index`` current."""
     if index is None:
         return fn
     import functools

@@ -111,17 +111,17 @@ class Kernel:
         check_step(raw, self.backend, loaded.spec.api_version)
         self.raw_step: StepFn = raw
         step = _checked_step(self, raw, full=config.validate == "full") if config.validate else raw
-        # with several GPUs visible, every launch runs with the problem's device current
-        self.step = devices.on_device(step, ctx.problem.device)
-        self._commit_keys: set = set()
+        #: with several GPUs visible, every launch runs with the problem's device current (None: no switch)
         self._launch_index = devices.launch_index(ctx.problem.device)
+        self.step = devices.on_index(step, self._launch_index)
+        self._commit_keys: set = set()
 
     # lifecycle ---------------------------------------------------------------------------------
     def allocate_state(self, num_layers: int = 1) -> State:
         """Allocate the (zero) state of a group of ``num_layers`` layers in the backend's layout."""
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ConfigError(f"num_layers must be a positive integer, got {num_layers!r}")
-        with devices.current(self.problem.device):
+        with devices.guard(self._launch_index):
             state = self._hook.ssu_allocate_state(ctx=self._ctx, num_layers=num_layers)
         return self._returned_state(state, num_layers, "ssu_allocate_state")
 
@@ -140,7 +140,7 @@ class Kernel:
                 "(reference, triton, flashinfer)"
             )
         layers = self._checker.cache(cache)
-        with devices.current(self.problem.device):
+        with devices.guard(self._launch_index):
             state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers)
         state = self._returned_state(state, len(layers), "ssu_adopt_state")
         if tuple(state.cache) != tuple(layers) or any(a is not b for a, b in zip(state.cache, layers)):
@@ -167,14 +167,14 @@ class Kernel:
         self._checker.state(state, 0)
         if slots is not None:
             self._checker.read(state, slots, 0)
-        with devices.current(self.problem.device):
+        with devices.guard(self._launch_index):
             self._hook.ssu_sync_state(ctx=self._ctx, state=state, slots=slots)
 
     def warmup(self, state: State) -> None:
         """Pay JIT compilation and tuning now (before serving or CUDA-graph capture).
         Every value of ``state`` is left as it was."""
         self._checker.state(state, 0)
-        with devices.current(self.problem.device):
+        with devices.guard(self._launch_index):
             self._hook.ssu_warmup(ctx=self._ctx, state=state, step=self.raw_step)
         self.check()
 
@@ -209,21 +209,21 @@ class Kernel:
         if self._launch_index is None:
             self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
         else:
-            with devices.current(self.problem.device):
+            with devices.guard(self._launch_index):
                 self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
 
     def read_state(self, state: State, slots, layer: int = 0):
         """The logical state of ``slots`` in ``layer``: fp32, shape (len(slots), H, P, N)."""
         self.check()
         self._checker.read(state, slots, layer)
-        with devices.current(self.problem.device):
+        with devices.guard(self._launch_index):
             return self._hook.ssu_read_state(ctx=self._ctx, state=state, slots=slots, layer=layer)
 
     def write_state(self, state: State, slots, values, layer: int = 0) -> None:
         """Install ``values`` (len(slots), H, P, N) as the logical state of ``slots`` in ``layer``."""
         self.check()
         self._checker.write(state, slots, values, layer)
-        with devices.current(self.problem.device):
+        with devices.guard(self._launch_index):
             self._hook.ssu_write_state(ctx=self._ctx, state=state, slots=slots, values=values, layer=layer)
 
     def check(self) -> None:

@@ -112,7 +112,7 @@ class Signatures:
         del self._entries[MAX_SIGNATURES:]
 
 
-def _contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape) -> tuple:
     """The strides of a contiguous tensor of ``shape``."""
     strides, step = [], 1
     for size in reversed(tuple(shape)):
@@ -325,7 +325,7 @@ class Checker:
             t = call[name]
             if t is None:
                 continue
-            want = _contiguous_strides(t.shape[lead:])
+            want = contiguous_strides(t.shape[lead:])
             got = t.stride()[lead:]
             if got != want:
                 raise InputError(

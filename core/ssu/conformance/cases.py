@@ -11,12 +11,14 @@ sets how many of each a check runs.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import attrs
 
 from ..inputs import layer_weights, step_inputs
 from ..problem import Problem
+from ..validation import contiguous_strides
 
 #: how a step's tensors sit in memory: as allocated; each row contiguous but the batch and token
 #: strides free (slices of a projection, as engines pass them: rows 3 values apart, or 16-byte
@@ -320,11 +322,13 @@ def _laid_out(t, layout: str, lead: int, *, aligned: bool = False):
         if lead == 0:
             return t
         inner = t.shape[lead:]
-        width = t[(0,) * lead].numel() if t.numel() else 0
+        width = math.prod(inner)
         packet = max(16 // t.element_size(), 1)
-        extra = (-width) % packet + packet if aligned else 3
-        big = torch.full((*t.shape[:lead], width + extra), float("nan"), dtype=t.dtype, device=t.device)
-        view = big[..., :width].view(*t.shape[:lead], *inner)
+        row = width + ((-width) % packet + packet if aligned else 3)
+        # as_strided, so that even a batch (or token axis) of one has the rows' stride
+        lead_strides = (row,) if lead == 1 else (t.shape[1] * row, row)
+        big = torch.full((math.prod(t.shape[:lead]) * row,), float("nan"), dtype=t.dtype, device=t.device)
+        view = big.as_strided(t.shape, lead_strides + contiguous_strides(inner))
         view.copy_(t)
         return view
     big = torch.full((*t.shape, 2), float("nan"), dtype=t.dtype, device=t.device)

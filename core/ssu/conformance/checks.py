@@ -16,7 +16,7 @@ from .. import oracle
 from ..errors import InputError
 from ..harness import CheckFailure, batch_slots, engine_cache, expect_close, logical_states, prepared, real_slots
 from ..inputs import pick_slots, random_states, step_inputs
-from .cases import Case, step_call
+from .cases import Case, _laid_out, step_call
 
 
 class CheckSkipped(Exception):
@@ -42,6 +42,11 @@ def _returned(case: Case, call: dict, result) -> None:
         raise CheckFailure(
             f"with out=None the step returned {got}; expected x's dtype and shape {(x.dtype, tuple(x.shape))}"
         )
+
+
+def _budgets(kernel) -> tuple[float, float]:
+    """(output, state) budgets of the kernel's problem, its declared state precision included."""
+    return oracle.tolerances(kernel.problem, None, kernel.capabilities.state_precision)
 
 
 def _no_fault(kernel) -> None:
@@ -84,7 +89,7 @@ def check_step(kernel, case: Case, gen) -> None:
     import torch
 
     p = kernel.problem
-    out_tol, state_tol = oracle.tolerances(p, None, kernel.capabilities.state_precision)
+    out_tol, state_tol = _budgets(kernel)
     state, before = prepared(kernel, gen)
     b, pad = case.batch, case.pad_rows
     slots = _slots(case, gen)
@@ -126,7 +131,7 @@ def check_decode(kernel, case: Case, gen) -> None:
     p = kernel.problem
     if case.steps < 1:
         raise CheckSkipped("this profile runs no decode at real shapes")
-    out_tol, state_tol = oracle.tolerances(p, None, kernel.capabilities.state_precision)
+    out_tol, state_tol = _budgets(kernel)
     state, before = prepared(kernel, gen, layers=1)
     slots = _slots(case, gen)
     b, pad = case.batch, case.pad_rows
@@ -214,7 +219,8 @@ def check_bad_inputs(kernel, case: Case, gen) -> None:
     if caps.contiguous_rows:
         wide = torch.stack([good["x"], good["x"]], -1)[..., 0]  # every stride doubled
         cases["x strided inside its rows (declared contiguous_rows)"] = dict(good, x=wide)
-        cases["x rows not 16-byte aligned (declared contiguous_rows)"] = dict(good, x=_misaligned_rows(good["x"], p))
+        rows_apart = _laid_out(good["x"], "rows", 2 if p.multi_token else 1)  # rows 3 values apart
+        cases["x rows not 16-byte aligned (declared contiguous_rows)"] = dict(good, x=rows_apart)
     if caps.dt_bias_as_dt and p.input_dtype != "fp32":
         cases["an fp32 dt_bias with a narrower dt (declared dt_bias_as_dt)"] = dict(
             good, dt_bias=torch.ones(p.nheads, device=p.device)
@@ -223,25 +229,6 @@ def check_bad_inputs(kernel, case: Case, gen) -> None:
         _refused(kernel, state, what, call)
     if not torch.equal(logical_states(kernel, state, 0), before[0]):
         raise CheckFailure("a refused call wrote to the state")
-
-
-def _misaligned_rows(x, problem):
-    """``x``'s values with rows 3 values apart (every batch row, even of a batch of one, as
-    as_strided sets the strides): no row after the first starts 16-byte aligned."""
-    import math
-
-    import torch
-
-    lead = 2 if problem.multi_token else 1
-    inner = x.shape[lead:]
-    width = math.prod(inner) + 3
-    rows = math.prod(x.shape[:lead])
-    big = torch.full((rows * width,), float("nan"), dtype=x.dtype, device=x.device)
-    inner_strides = tuple(math.prod(inner[i + 1 :]) for i in range(len(inner)))
-    lead_strides = (width,) if lead == 1 else (x.shape[1] * width, width)
-    view = big.as_strided(x.shape, lead_strides + inner_strides)
-    view.copy_(x)
-    return view
 
 
 def check_cuda_graph(kernel, case: Case, gen) -> None:
@@ -299,7 +286,7 @@ def check_guarded_ids(kernel, case: Case, gen) -> None:
     p = kernel.problem
     if not kernel.config.validate and not kernel.capabilities.guards_slots:
         raise CheckSkipped("validate = false and the backend does not declare guards_slots: ids are not guarded")
-    out_tol, state_tol = oracle.tolerances(p, None, kernel.capabilities.state_precision)
+    out_tol, state_tol = _budgets(kernel)
     state, before = prepared(kernel, gen, layers=1)
     b = p.max_batch
     bad = _outside_ids(p, min(2, b))
@@ -357,7 +344,7 @@ def check_destinations(kernel, case: Case, gen) -> None:
     b = min(case.batch, len(real_slots(p)) // 2)
     if b < 1:
         raise CheckSkipped("the cache is too small for distinct read and write slots")
-    out_tol, state_tol = oracle.tolerances(p, None, kernel.capabilities.state_precision)
+    out_tol, state_tol = _budgets(kernel)
     state, before = prepared(kernel, gen, layers=1)
     pad = min(case.pad_rows, b - 1)
     dtype = _slots(case, gen).dtype
@@ -383,7 +370,7 @@ def check_adopted(kernel, case: Case, gen) -> None:
     import torch
 
     p = kernel.problem
-    out_tol, state_tol = oracle.tolerances(p, None, kernel.capabilities.state_precision)
+    out_tol, state_tol = _budgets(kernel)
     layers = 2
     caches, pages = engine_cache(p, layers, gen)
     pages_before = [page.clone() for page in pages]
