@@ -238,6 +238,13 @@ class Kernel:
             raise InputError(faults.message(key, self.problem))
 
     @property
+    def needs_sync(self) -> bool:
+        """Whether an adopted state's engine tensors are current only after :meth:`sync`: the
+        backend keeps more than the logical state between steps (it implements the hook
+        ``ssu_sync_state``). False: they hold the logical state after every step and commit."""
+        return bool(self._hook.ssu_sync_state.get_hookimpls())
+
+    @property
     def scratch(self) -> Any:
         """What the backend's ``ssu_allocate_scratch`` hook returned (None if nothing)."""
         return self._ctx.scratch

@@ -161,7 +161,9 @@ AVAILABLE = Availability(True)
 
 @attrs.frozen
 class Verdict:
-    """Whether a backend supports one problem: accepted, or rejected with every reason."""
+    """Whether a backend supports one problem: accepted, or rejected with every reason. An
+    accepting verdict's ``reasons`` are notes about how it will serve the problem (memory it adds,
+    a precision), which ``ssu explain`` prints beside the selected backend."""
 
     ok: bool
     reasons: tuple = attrs.field(default=(), converter=tuple)
@@ -170,6 +172,11 @@ class Verdict:
     def reject(cls, *reasons: str) -> "Verdict":
         """A refusal with one or more reasons, each a sentence a user can act on."""
         return cls(False, reasons)
+
+    @classmethod
+    def accept(cls, *notes: str) -> "Verdict":
+        """An acceptance, with notes for ``ssu explain`` (none: :data:`ACCEPT`)."""
+        return cls(True, notes)
 
 
 ACCEPT = Verdict(True)

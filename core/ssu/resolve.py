@@ -64,8 +64,9 @@ def validated_options(loaded: LoadedBackend, config: Config) -> Any:
         raise ConfigError(f"{where}{exc}") from None
 
 
-def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -> tuple[LoadedBackend, Any]:
-    """Load and check one candidate: returns it with its options, or raises why not."""
+def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -> tuple[LoadedBackend, Any, tuple]:
+    """Load and check one candidate: returns it with its options and the notes of its accepting
+    verdict, or raises why not."""
     loaded = registry.load(name)  # raises the not-installed / unknown / broken / disabled errors
     options = validated_options(loaded, config)
     availability = loaded.probe(problem.device)
@@ -74,15 +75,18 @@ def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -
             f"backend {name!r} is installed but unavailable on {problem.device}: {availability.message()}"
         )
     reasons = loaded.spec.capabilities.check(problem)
+    notes: tuple = ()
     if not reasons:
         verdict = loaded.hook.ssu_supports(problem=problem, options=options)
         if verdict is not None and not verdict.ok:
             reasons = list(verdict.reasons) or ["rejected by its ssu_supports hook"]
+        elif verdict is not None:
+            notes = tuple(verdict.reasons)
     if reasons:
         raise BackendUnavailableError(
             f"backend {name!r} does not support this problem ({problem.describe()}): " + "; ".join(reasons)
         )
-    return loaded, options
+    return loaded, options, notes
 
 
 def check_option_tables(config: Config, registry: Registry) -> None:
@@ -132,7 +136,7 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
     order = auto_order(registry, trace) if requested == (AUTO,) else list(requested)
     for i, name in enumerate(order):
         try:
-            loaded, options = _evaluate(name, problem, config, registry)
+            loaded, options, notes = _evaluate(name, problem, config, registry)
         except BackendError as exc:
             if len(requested) == 1 and requested != (AUTO,):
                 if isinstance(exc, BackendUnavailableError):  # the user's one name: say which would serve
@@ -140,7 +144,7 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
                 raise
             trace.append(Candidate(name, "rejected", str(exc)))
             continue
-        trace.append(Candidate(name, "selected"))
+        trace.append(Candidate(name, "selected", "; ".join(notes)))
         trace.extend(Candidate(rest, "not tried", f"{name} comes first") for rest in order[i + 1 :])
         return loaded, options, Resolution(requested, config.source, problem, name, tuple(trace))
     details = "\n".join(f"  - {c.name}: {c.reason}" for c in trace if c.outcome == "rejected")
@@ -194,8 +198,10 @@ def explain(config: Config, problem: Problem, registry: Registry) -> Resolution:
         reason = registry.disabled_reason(name)
         if reason is None:
             try:
-                _evaluate(name, problem, config, registry)
+                notes = _evaluate(name, problem, config, registry)[2]
             except (BackendError, ConfigError) as exc:
                 reason = str(exc)
-        others.append(Candidate(name, "not requested", reason or "would serve this problem"))
+            else:
+                reason = "; ".join(("would serve this problem",) + notes)
+        others.append(Candidate(name, "not requested", reason))
     return attrs.evolve(resolution, trace=resolution.trace + tuple(others))

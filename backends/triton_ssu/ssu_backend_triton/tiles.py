@@ -9,6 +9,29 @@ import triton.language as tl
 
 
 @triton.jit
+def softplus_dt(d, softplus):
+    """dt after bias and, where ``softplus`` is set, softplus (log(1 + e^d), d itself above 20), in fp32."""
+    return tl.where(softplus & (d <= 20.0), tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))), d)
+
+
+@triton.jit
+def rounded_state(
+    s, dtype_ptr, seed, element, offs_p, offs_n, N: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr
+):
+    """A state tile in fp32 rounded to the cache dtype of ``dtype_ptr``: to nearest, or with
+    ``STOCHASTIC`` (an fp16 cache) by adding 13 random low bits (Philox, keyed by ``seed`` and each
+    value's ``element`` index) and truncating."""
+    if STOCHASTIC:
+        noise = (
+            tl.randint(seed, element + (offs_p[:, None] * N + offs_n[None, :]).to(tl.uint32), PHILOX_ROUNDS) & 0x1FFF
+        )
+        bits = s.to(tl.uint32, bitcast=True) + noise
+        return bits.to(tl.float32, bitcast=True).to(tl.float16, fp_downcast_rounding="rtz")
+    else:
+        return s.to(dtype_ptr.dtype.element_ty)
+
+
+@triton.jit
 def token_inputs(
     x_ptr,
     B_ptr,
@@ -53,7 +76,7 @@ def token_inputs(
     B and C as vectors of N, or with ``B_IN_TILE`` loaded as (rows, N) in the tile's layout."""
     d = tl.load(dt_ptr + row * dt_b + t * dt_t + head * dt_h).to(tl.float32) + bias
     if BRANCHLESS:
-        d = tl.where(softplus & (d <= 20.0), tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))), d)
+        d = softplus_dt(d, softplus)
     else:
         if softplus:
             d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
@@ -261,15 +284,7 @@ def update_rows(
             )
         tl.store(out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
         if SPECULATIVE or t == T - 1:
-            if STOCHASTIC:
-                noise = (
-                    tl.randint(seed + t, element + (offs_p[:, None] * N + offs_n[None, :]).to(tl.uint32), PHILOX_ROUNDS)
-                    & 0x1FFF
-                )
-                bits = s.to(tl.uint32, bitcast=True) + noise
-                stored = bits.to(tl.float32, bitcast=True).to(tl.float16, fp_downcast_rounding="rtz")
-            else:
-                stored = s.to(write_ptr.dtype.element_ty)
+            stored = rounded_state(s, write_ptr, seed + t, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             if SPECULATIVE and CURSOR:
                 dest = (cur + 1 + t) % K  # the versions of an allocated state
             elif SPECULATIVE:

@@ -1,0 +1,381 @@
+"""The per-kernel launcher of ``triton-replay``: a :class:`~.replay_launch.Plan` per batch, the step
+callable, the commit, and warmup's tuning of plans on scratch states.
+
+``table[b]`` holds the plan of a batch of ``b`` rows: pinned by options, tuned by warmup (or read
+from the tuning cache at open), else the default. The flush window is part of the plan, so a
+batch bucket where bytes are not the limit may write its checkpoints every step while a large one
+keeps ``max_window`` tokens in the ring; the rule of each step depends only on the slot's cursors
+and the step's window, so slots move freely between buckets.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+import triton
+
+from . import tuning
+from .replay_launch import Plan, ReplayConstants, commit, launch, replay_step_op  # noqa: F401 (registers the op)
+
+#: batches below which the default plan writes the checkpoint every step (bytes are not the limit there)
+RING_FROM_BATCH = 16
+
+
+def default_plan(problem, options, batch: int) -> Plan:
+    """A sound plan without tuning: tiles of about 1024 values (fewer rows when the batch is too
+    small to fill the GPU), one program per tile, two warps; the window ``max_window`` from batch
+    16, else 0 (or the ``window`` option when set)."""
+    block_n = triton.next_power_of_2(problem.dstate)
+    block_p = max(1, min(triton.next_power_of_2(problem.headdim), 1024 // block_n))
+    while block_p > 2 and batch * problem.nheads * -(-problem.headdim // block_p) < tuning.MIN_PROGRAMS:
+        block_p //= 2
+    if options.window >= 0:
+        window = options.window
+    else:
+        window = options.max_window if batch >= RING_FROM_BATCH else 0
+    return Plan(block_p, 2, 1, window, int(problem.device_type == "cuda" and options.programmatic_launch))
+
+
+def candidate_shapes(problem) -> list[tuple[int, int, int]]:
+    """(block_p, num_warps, tiles) worth timing: tiles of 512 to 2048 values, one program per tile
+    with 1, 2 or 4 warps, or a program over a whole head (its per-head weights computed once)."""
+    block_n = triton.next_power_of_2(problem.dstate)
+    top = triton.next_power_of_2(problem.headdim)
+    out = []
+    for values, warps in ((1024, 1), (1024, 2), (2048, 4), (512, 1)):
+        block_p = max(1, min(top, values // block_n))
+        out.append((block_p, warps, 1))
+    block_p = max(1, min(top, 1024 // block_n))
+    tiles = -(-problem.headdim // block_p)
+    if tiles > 1:
+        out.append((block_p, 2, tiles))
+    return sorted(set(out))
+
+
+def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str) -> str:
+    """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window."""
+    p = problem
+    return (
+        f"{gpu}|triton {triton_version}|replay v1 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
+        f"{' spec' if p.speculative else ''}{' sr' if options.stochastic_rounding else ''}|batch {bucket}"
+    )
+
+
+def cached_plan(cached: dict, key: str) -> Optional[Plan]:
+    """The plan stored under ``key``, or None when absent or malformed (then it is tuned again)."""
+    entry = cached.get(key)
+    plan = entry.get("plan") if isinstance(entry, dict) else None
+    if isinstance(plan, list) and len(plan) == len(Plan._fields) and all(isinstance(v, int) and v >= 0 for v in plan):
+        return Plan(*plan)
+    return None
+
+
+class ReplayLauncher:
+    """Everything a step launch needs that does not change between calls."""
+
+    def __init__(self, ctx) -> None:
+        p = self.problem = ctx.problem
+        o = self.options = ctx.options
+        self.ring = o.ring_length(p.tokens_per_step)
+        self.seed = (ctx.scratch or {}).get("seed")
+        self.faults = ctx.faults
+        on_cuda = p.device_type == "cuda"
+        self.gpu = torch.cuda.get_device_name(torch.device(p.device)) if on_cuda else "cpu-interpreter"
+        self.pdl = bool(on_cuda and o.programmatic_launch)
+        self.consts = ReplayConstants(
+            p.pad_slot_id,
+            p.num_slots,
+            p.heads_per_group,
+            p.speculative,
+            self.ring,
+            o.stochastic_rounding,
+            o.philox_rounds,
+        )
+        self.table: list = [None] * (p.max_batch + 1)
+        for bucket in tuning.buckets(p.max_batch):
+            self.set_bucket(bucket, self.pinned(bucket) or default_plan(p, o, bucket))
+        if on_cuda and not self.fully_pinned():
+            cached = tuning.read_cache(tuning.cache_path(o.tuning_cache))
+            for bucket in tuning.buckets(p.max_batch):
+                plan = cached_plan(cached, self.cache_key(bucket))
+                if plan is not None:
+                    self.set_bucket(bucket, plan)
+
+    # plans ----------------------------------------------------------------------------------------
+    def fully_pinned(self) -> bool:
+        """Whether the options fix the launch shape and the window (nothing to tune)."""
+        o = self.options
+        return bool(o.block_p and o.num_warps) and o.window >= 0
+
+    def pinned(self, bucket: int) -> Optional[Plan]:
+        """The plan the options pin for ``bucket``, or None."""
+        o = self.options
+        if not (o.block_p or o.num_warps):
+            return None
+        default = default_plan(self.problem, o, bucket)
+        block_p = o.block_p or default.block_p
+        tiles = o.tiles_per_program or 1
+        return Plan(block_p, o.num_warps or default.num_warps, tiles, default.window, default.pdl)
+
+    def set_bucket(self, bucket: int, plan: Plan) -> None:
+        """Use ``plan`` for every batch size in (bucket / 2, bucket], with what the options force."""
+        o = self.options
+        if o.window >= 0:
+            plan = plan._replace(window=o.window)
+        plan = plan._replace(
+            window=min(plan.window, o.max_window), pdl=int(self.pdl and bool(plan.pdl or o.programmatic_launch))
+        )
+        for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
+            self.table[b] = plan
+
+    def cache_key(self, bucket: int) -> str:
+        return plan_cache_key(self.problem, self.options, bucket, self.gpu, triton.__version__)
+
+    # the step and the commit ------------------------------------------------------------------------
+    def make_step(self):
+        """The step callable: no checks, no allocation but ``out`` when none is given, one launch
+        (through the custom op when compiling)."""
+        table = self.table
+        seed = self.seed
+        faults = self.faults
+        consts = self.consts
+        consts_list = list(consts)
+        is_compiling = torch.compiler.is_compiling
+        op = torch.ops.ssu_triton.replay_step
+
+        def step(
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            slots,
+            D=None,
+            z=None,
+            dt_bias=None,
+            dt_softplus=False,
+            out=None,
+            layer=0,
+            dst_slots=None,
+        ):
+            if out is None:
+                out = torch.empty_like(x)
+            plan = table[x.shape[0]]
+            views = state.views[layer]
+            if is_compiling():
+                op(
+                    *views,
+                    x,
+                    dt,
+                    A,
+                    B,
+                    C,
+                    slots,
+                    D,
+                    z,
+                    dt_bias,
+                    dt_softplus,
+                    out,
+                    seed,
+                    dst_slots,
+                    faults,
+                    consts_list,
+                    list(plan),
+                )
+            else:
+                launch(
+                    views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan
+                )
+            if seed is not None:
+                seed.add_(1)
+            return out
+
+        return step
+
+    def commit(self, state, slots, num_accepted) -> None:
+        """Speculative commit: each accepted count added to its slot's ring count, every layer."""
+        p = self.problem
+        commit(
+            state.buffers["count"],
+            slots,
+            num_accepted,
+            self.faults,
+            tokens=p.tokens_per_step,
+            pad_slot_id=p.pad_slot_id,
+            num_slots=p.num_slots,
+            pdl=self.pdl,
+        )
+
+    # warmup ------------------------------------------------------------------------------------------
+    def tune(self, log: Callable) -> dict:
+        """Time candidate plans per batch bucket on scratch states (never a live state); keep the
+        fastest; return the new tuning-cache entries. Buckets in the cache are only compiled."""
+        p, o = self.problem, self.options
+        path = tuning.cache_path(o.tuning_cache)
+        cached = tuning.read_cache(path)
+        fresh = {}
+        windows = [o.window] if o.window >= 0 else sorted({0, o.max_window})
+        if o.block_p and o.num_warps:
+            shapes = [(o.block_p, o.num_warps, o.tiles_per_program or 1)]
+        else:
+            shapes = candidate_shapes(p)
+        for bucket in tuning.buckets(p.max_batch):
+            if self.fully_pinned():
+                continue
+            plan = cached_plan(cached, self.cache_key(bucket))
+            if plan is not None:
+                self.set_bucket(bucket, plan)
+                log(f"batch {bucket:5d}: tuned {tuple(plan)} from {path}")
+                continue
+            t0 = time.perf_counter()
+            plans = [Plan(bp, w, tiles, window, int(self.pdl)) for bp, w, tiles in shapes for window in windows]
+            best = self.time_plans(bucket, plans, log)
+            if best is None:
+                log(f"batch {bucket:5d}: every candidate failed; keeping the default")
+                continue
+            plan, us = best
+            self.set_bucket(bucket, plan)
+            fresh[self.cache_key(bucket)] = {"plan": list(plan), "us": round(us, 2)}
+            took = time.perf_counter() - t0
+            log(f"batch {bucket:5d}: tuned {tuple(plan)}, {us:.1f} us ({len(plans)} candidates, {took:.1f} s)")
+        tuning.write_cache(path, fresh)
+        return fresh
+
+    def time_plans(self, bucket: int, plans: list, log: Callable) -> Optional[tuple]:
+        """(fastest plan, its microseconds) over ``plans`` for one bucket, timed with CUDA-graph
+        replays on a scratch state whose slots sit at random points of their windows."""
+        from ssu.inputs import step_inputs
+        from ssu.timing import graph_time_us
+
+        from . import replay_layout
+
+        p = self.problem
+        slot_bytes = p.state_bytes_per_slot() + replay_layout.ring_bytes_per_slot(p, self.ring)
+        sets = max(
+            1, min(16, -(-tuning.COLD_BYTES // (slot_bytes * bucket)), tuning.SCRATCH_LIMIT // (slot_bytes * bucket))
+        )
+        scratch_problem = _scratch_problem(p, sets * bucket, bucket)
+        state = replay_layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
+        randomize(state, self.options, torch.Generator(device="cpu").manual_seed(bucket))
+        gen = torch.Generator().manual_seed(bucket)
+        slot_sets = [
+            torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)
+        ]
+        inputs = [step_inputs(p, s, gen) for s in slot_sets]
+        outs = [torch.empty_like(i.x) for i in inputs]
+        record = torch.zeros(1, dtype=torch.int64, device=p.device)
+        consts = self.consts._replace(num_slots=sets * bucket, pad_slot_id=-1)
+        accepted = [torch.ones(bucket, dtype=torch.int32, device=p.device) for _ in slot_sets]
+        best = None
+        for plan in plans:
+
+            def run(plan=plan, s=None, i=None, o=None, a=None):
+                launch(
+                    state.views[0],
+                    i.x,
+                    i.dt,
+                    i.A,
+                    i.B,
+                    i.C,
+                    s,
+                    i.D,
+                    i.z,
+                    i.dt_bias,
+                    i.dt_softplus,
+                    o,
+                    self.seed,
+                    None,
+                    record,
+                    consts,
+                    plan,
+                )
+                if p.speculative:
+                    commit(
+                        state.buffers["count"],
+                        s,
+                        a,
+                        record,
+                        tokens=p.tokens_per_step,
+                        pad_slot_id=-1,
+                        num_slots=sets * bucket,
+                        pdl=self.pdl,
+                    )
+
+            launches = [
+                (lambda s=s, i=i, o=o, a=a, run=run: run(s=s, i=i, o=o, a=a))
+                for s, i, o, a in zip(slot_sets, inputs, outs, accepted)
+            ]
+            try:
+                us = graph_time_us(launches, replays=5, warmup=1, min_launches=self.options.tune_iterations)
+            except Exception as exc:  # a plan the compiler rejects is skipped, not fatal
+                log(f"  plan {tuple(plan)} failed: {type(exc).__name__}: {exc}")
+                continue
+            if best is None or us < best[1]:
+                best = (plan, us)
+        return best
+
+    def compile_all(self) -> None:
+        """Compile every plan of the table for int32 and int64 slots (on scratch), so that a CUDA
+        graph captured afterwards compiles nothing."""
+        from ssu.inputs import step_inputs
+
+        from . import replay_layout
+
+        p = self.problem
+        scratch_problem = _scratch_problem(p, 2, 2)
+        state = replay_layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
+        gen = torch.Generator().manual_seed(0)
+        record = torch.zeros(1, dtype=torch.int64, device=p.device)
+        consts = self.consts._replace(num_slots=2, pad_slot_id=-1)
+        for index_dtype in (torch.int32, torch.int64):
+            slots = torch.tensor([0, -1], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
+            i = step_inputs(p, slots, gen)
+            out = torch.empty_like(i.x)
+            destinations = [None] if p.speculative else [None, slots]  # one-token steps may name destinations
+            for plan in sorted(set(c for c in self.table if c is not None)):
+                for dst in destinations:
+                    launch(
+                        state.views[0],
+                        i.x,
+                        i.dt,
+                        i.A,
+                        i.B,
+                        i.C,
+                        slots,
+                        i.D,
+                        i.z,
+                        i.dt_bias,
+                        i.dt_softplus,
+                        out,
+                        self.seed,
+                        dst,
+                        record,
+                        consts,
+                        plan,
+                    )
+        if p.device_type == "cuda":
+            torch.cuda.synchronize()
+
+
+def _scratch_problem(problem, num_slots: int, max_batch: int):
+    import attrs
+
+    return attrs.evolve(problem, num_slots=num_slots, max_batch=max_batch, pad_slot_id=-1, engine_state=False)
+
+
+def randomize(state, options, gen) -> None:
+    """Random checkpoints and rings, every slot at a random point of its window (as in a running
+    server, where sequences started at different times): for timing, never on a live state."""
+    buf = state.buffers
+    for name in ("ssm", "x_ring", "B_ring"):
+        buf[name].copy_(torch.randn(buf[name].shape, generator=gen).to(buf[name].dtype))
+    d = torch.rand(buf["d_ring"].shape, generator=gen) * 0.1
+    buf["d_ring"].copy_(d)
+    buf["a_ring"].copy_(-d)
+    L = buf["d_ring"].shape[-1]
+    buf["start"].copy_(torch.randint(0, L, buf["start"].shape, generator=gen, dtype=torch.int32))
+    buf["count"].copy_(torch.randint(0, options.max_window + 1, buf["count"].shape, generator=gen, dtype=torch.int32))

@@ -1,0 +1,333 @@
+"""The Triton kernels of the ``triton-replay`` backend (written from docs/spec.md, "ReplaySSM").
+
+Per slot and layer the state is a checkpoint plus a ring of the inputs of the last tokens not yet
+folded into it (x, B, and per head d and a = A d), with cursors ``start`` (the ring row of the
+oldest such token) and ``count``. A step of T tokens reads the checkpoint once and treats the
+ring's ``count`` tokens followed by its own T as one sequence of positions ``0 .. count + T - 1``.
+With ``cum`` the running sum of ``a`` over that sequence, the output of the token at position m is
+
+    y_m = exp(cum_m) (checkpoint . C_m) + sum over j <= m of exp(cum_m - cum_j) d_j (B_j . C_m) x_j
+
+so a program computes the small per-head weights ``exp(cum_m - cum_j) d_j (B_j . C_m)`` once and
+then, per tile of the checkpoint, one matrix-vector product and a weighted sum of ring rows. The
+checkpoint is rewritten only when the ring would overflow the step's ``window`` (the flush
+policy of its batch bucket): then the folded tokens are applied to the tile one by one, in fp32,
+as the write-every-step kernel does, and the result rounded to the cache dtype once.
+
+Flush rules (``window`` W, ``count`` k):
+
+- one token, no speculation: if ``k + 1 > W`` every token (the ring's and the new one) is folded
+  and the ring empties; else the token is appended (``count = k + 1``). W = 0 writes the
+  checkpoint every step and never touches the ring: the write-every-step kernel.
+- speculative (T tokens, provisional): the new tokens are appended after the ring's; if
+  ``k + T > W`` the ring's k tokens are folded (``start += k``, ``count = 0``). The commit then
+  adds each sequence's accepted count to ``count``. The logical state (checkpoint advanced by the
+  ring's ``count`` tokens) is the same before and after a step, as the contract asks.
+- a one-token step into another slot (``dst_slots``): everything folded into the destination's
+  checkpoint, its ring emptied; the source slot is left as it was.
+
+Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
+(an atomic count per slot and layer) when it is done, and the last program of the row writes the
+new cursors and resets the ticket: no program can see the cursors move under it, and a row whose
+cursors stay (write-every-step in steady state) takes no ticket at all. New ring rows never
+overlap the rows being read (``count + T <= max_window + T``, the ring length).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ssu.slot_kernels import _commit_rows
+
+from .tiles import rounded_state, softplus_dt
+
+
+@triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
+def replay_kernel(
+    ck_ptr,
+    xr_ptr,
+    Br_ptr,
+    dr_ptr,
+    ar_ptr,
+    start_ptr,
+    count_ptr,
+    ticket_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    slots_ptr,
+    dst_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    out_ptr,
+    seed_ptr,
+    faults_ptr,
+    pad_slot_id,
+    num_slots,
+    window,
+    ck_slot,
+    ck_head,
+    ck_p,
+    xr_slot,
+    Br_slot,
+    dr_slot,
+    a_h,
+    d_h,
+    bias_h,
+    x_b,
+    x_t,
+    x_h,
+    x_p,
+    dt_b,
+    dt_t,
+    dt_h,
+    B_b,
+    B_t,
+    B_g,
+    B_n,
+    C_b,
+    C_t,
+    C_g,
+    C_n,
+    z_b,
+    z_t,
+    z_h,
+    z_p,
+    o_b,
+    o_t,
+    o_h,
+    o_p,
+    has_d,
+    has_z,
+    has_dt_bias,
+    softplus,
+    T: tl.constexpr,
+    TP: tl.constexpr,
+    RING: tl.constexpr,
+    M: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    SPECULATIVE: tl.constexpr,
+    HAS_DST: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
+    x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,)."""
+    if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    pid_p = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2)
+    group = head // HEADS_PER_GROUP
+    H = tl.num_programs(1)
+
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
+    if HAS_DST:
+        dst = tl.load(dst_ptr + row).to(tl.int64)
+        dst_ok = valid & (dst >= 0) & (dst < num_slots) & (dst != pad_slot_id)
+    else:
+        dst = slot
+        dst_ok = valid
+    if (pid_p == 0) & (head == 0):  # one program of the row records an id outside the cache
+        if ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id):
+            tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (slot & 0xFFFFFFFF))
+        if HAS_DST:
+            if ((dst < 0) | (dst >= num_slots)) & (dst != pad_slot_id):
+                tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (1 << 32) | (dst & 0xFFFFFFFF))
+    safe = tl.where(valid, slot, 0)
+    start = tl.load(start_ptr + safe, mask=valid, other=0)
+    k = tl.load(count_ptr + safe, mask=valid, other=0)
+    owner = dst_ok & (dst == slot)  # the row's own slot takes the step: its ring, cursors, checkpoint
+    moved = dst_ok & (dst != slot)  # a one-token step into another slot: everything folded there
+    if SPECULATIVE:
+        flush = owner & (k > 0) & (k + T > window)
+        fold = k
+        append = owner
+    else:
+        flush = moved | (owner & (k + T > window))
+        fold = k + T
+        append = owner & (k + T <= window)
+    target = tl.where(moved, dst, safe)
+
+    # the sequence of positions: the ring's k tokens, then the step's T
+    offs_m = tl.arange(0, M)
+    in_ring = offs_m < k
+    in_new = (offs_m >= k) & (offs_m < k + T)
+    tok = tl.where(in_new, offs_m - k, 0)
+    ring_row = (start + offs_m) % RING
+    a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
+    bias = 0.0
+    if has_dt_bias:
+        bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
+    d_skip = 0.0
+    if has_d:
+        d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
+    d_new = softplus_dt(
+        tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
+        softplus,
+    )
+    d_base = dr_ptr + safe * dr_slot + head * RING
+    a_base = ar_ptr + safe * dr_slot + head * RING
+    d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
+    a_m = tl.where(in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0))
+    cum = tl.cumsum(a_m, 0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
+    B_ring = tl.load(
+        Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
+    )
+    B_new = tl.load(
+        B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
+        mask=in_new[:, None] & mask_n[None, :],
+        other=0.0,
+    )
+    B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
+
+    # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
+    offs_t = tl.arange(0, TP)
+    weights = tl.zeros((M, TP), dtype=tl.float32)
+    decays = tl.zeros((TP,), dtype=tl.float32)
+    for t in tl.static_range(T):
+        C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+        gram = tl.sum(B_m * C_tok[None, :], axis=1)
+        m = k + t
+        cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
+        w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
+        weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
+        decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
+
+    # the new tokens' d, a and B join the ring (one program of the head, of the group)
+    if append & (pid_p == 0):
+        tl.store(d_base + ring_row, d_m, mask=in_new)
+        tl.store(a_base + ring_row, a_m, mask=in_new)
+        if head % HEADS_PER_GROUP == 0:
+            tl.store(
+                Br_base + ring_row[:, None] * N + offs_n[None, :],
+                B_new,
+                mask=in_new[:, None] & mask_n[None, :],
+            )
+
+    seed = 0
+    if STOCHASTIC:
+        seed = tl.load(seed_ptr)
+    element = (target * 65599 + head * P * N).to(tl.uint32)
+    read_base = ck_ptr + safe * ck_slot + head * ck_head
+    write_base = ck_ptr + target * ck_slot + head * ck_head
+    xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
+    rows = tl.arange(0, BLOCK_P)
+    state_rows = tl.where(valid, P, 0)
+    write_rows = tl.where(flush, P, 0)
+    for i in tl.range(0, TILES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
+        tile = offs_p[:, None] * ck_p + offs_n[None, :]
+        s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        X_ring = tl.load(
+            xr_base + ring_row[:, None] * P + offs_p[None, :], mask=in_ring[:, None] & mask_p[None, :], other=0.0
+        )
+        X_new = tl.load(
+            x_ptr + row * x_b + tok[:, None] * x_t + head * x_h + offs_p[None, :] * x_p,
+            mask=in_new[:, None] & mask_p[None, :],
+            other=0.0,
+        )
+        if append:
+            tl.store(xr_base + ring_row[:, None] * P + offs_p[None, :], X_new, mask=in_new[:, None] & mask_p[None, :])
+        X_m = X_ring.to(tl.float32) + X_new.to(tl.float32)
+        for t in tl.static_range(T):
+            C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
+                tl.float32
+            )
+            w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
+            decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
+            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(w[:, None] * X_m, axis=0)
+            if has_d:
+                y += d_skip * tl.sum(tl.where(offs_m[:, None] == k + t, X_m, 0.0), axis=0)
+            if has_z:
+                zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0)
+                zv = zv.to(tl.float32)
+                y = y * zv * tl.sigmoid(zv)
+            tl.store(
+                out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p
+            )
+        if flush:  # fold the first ``fold`` positions into the tile, token by token, and store it once
+            s = s0
+            for j in range(0, fold):
+                in_r = j < k
+                r = (start + j) % RING
+                x_j = tl.load(
+                    tl.where(in_r, xr_base + r * P, x_ptr + row * x_b + (j - k) * x_t + head * x_h)
+                    + offs_p * tl.where(in_r, 1, x_p),
+                    mask=mask_p,
+                    other=0.0,
+                ).to(tl.float32)
+                B_j = tl.load(
+                    tl.where(in_r, Br_base + r * N, B_ptr + row * B_b + (j - k) * B_t + group * B_g)
+                    + offs_n * tl.where(in_r, 1, B_n),
+                    mask=mask_n,
+                    other=0.0,
+                ).to(tl.float32)
+                d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
+                a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
+                s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
+            stored = rounded_state(s, ck_ptr, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
+            tl.store(write_base + tile, stored, mask=(offs_p < write_rows)[:, None] & mask_n[None, :])
+
+    # cursors: the last program of a row whose cursors change writes them
+    if SPECULATIVE:
+        changed = flush
+        new_start = (start + k) % RING
+        new_count = k * 0
+    else:
+        changed = owner & ((k + T <= window) | (k > 0) | (start != 0))
+        new_start = tl.where(append, start, 0)
+        new_count = tl.where(append, k + T, 0)
+    if changed:
+        ticket = tl.atomic_add(ticket_ptr + safe, 1, sem="acq_rel")
+        if ticket == tl.num_programs(0) * H - 1:
+            tl.store(start_ptr + safe, new_start)
+            tl.store(count_ptr + safe, new_count)
+            tl.store(ticket_ptr + safe, 0)
+    if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
+        tl.store(start_ptr + dst, 0)
+        tl.store(count_ptr + dst, 0)
+
+
+@triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])
+def ring_commit_kernel(
+    count_ptr,
+    slots_ptr,
+    accepted_ptr,
+    faults_ptr,
+    batch,
+    pad_slot_id,
+    num_slots,
+    num_layers,
+    layer_stride,
+    T: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """count[layer, slot] += num_accepted for every layer and every row that moves: one launch;
+    rows with a slot outside the cache or a count outside 1..T move nothing and are recorded."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    moves, slot, accepted = _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots, T)
+    for layer in range(0, num_layers):
+        ptrs = count_ptr + layer * layer_stride + slot
+        count = tl.load(ptrs, mask=moves, other=0)
+        tl.store(ptrs, (count + accepted).to(count_ptr.dtype.element_ty), mask=moves)

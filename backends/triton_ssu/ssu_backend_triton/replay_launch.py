@@ -1,0 +1,205 @@
+"""The launches of the ``triton-replay`` kernels: the step (eager, and as the custom op
+``torch.ops.ssu_triton.replay_step`` that torch.compile traces) and the commit."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+
+from ssu.slot_kernels import pdl_capable
+
+from .launch import _strides
+from .replay_kernel import replay_kernel, ring_commit_kernel
+
+
+class Plan(NamedTuple):
+    """How one step is launched, per batch bucket: ``block_p`` rows of a head per tile,
+    ``num_warps`` per program, ``tiles`` per program, the flush ``window`` (ring tokens a step may
+    leave unfolded: 0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch)."""
+
+    block_p: int
+    num_warps: int
+    tiles: int = 1
+    window: int = 0
+    pdl: int = 0
+
+
+class ReplayConstants(NamedTuple):
+    """What every launch of one kernel shares: from the problem and the options."""
+
+    pad_slot_id: int
+    num_slots: int
+    heads_per_group: int
+    speculative: bool
+    ring: int
+    stochastic: bool
+    philox_rounds: int
+
+
+def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan):
+    """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
+    Returns Triton's handle of the compiled kernel."""
+    block_p, num_warps, tiles, window, pdl = plan
+    b = x.shape[0]
+    multi = x.dim() == 4
+    T = x.shape[1] if multi else 1
+    H, P = x.shape[-2], x.shape[-1]
+    N = B.shape[-1]
+    lead = 2 if multi else 1
+    xs = _strides(x, lead)
+    dts = _strides(dt, lead)
+    Bs = _strides(B, lead)
+    Cs = _strides(C, lead)
+    zs = _strides(z, lead) if z is not None else (0, 0, 0, 0)
+    os_ = _strides(out, lead)
+    ck = views.ck
+    cks = ck.stride()
+    grid = (triton.cdiv(P, block_p * tiles), H, b)
+    pdl = bool(pdl) and pdl_capable(ck.device)
+    return replay_kernel[grid](
+        ck,
+        views.x_ring,
+        views.B_ring,
+        views.d_ring,
+        views.a_ring,
+        views.start,
+        views.count,
+        views.ticket,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        slots,
+        dst_slots if dst_slots is not None else slots,
+        D if D is not None else A,
+        z if z is not None else x,
+        dt_bias if dt_bias is not None else A,
+        out,
+        seed if seed is not None else slots,
+        faults,
+        consts.pad_slot_id,
+        consts.num_slots,
+        window,
+        cks[0],
+        cks[1],
+        cks[2],
+        views.x_ring.stride(0),
+        views.B_ring.stride(0),
+        views.d_ring.stride(0),
+        A.stride(0),
+        0 if D is None else D.stride(0),
+        0 if dt_bias is None else dt_bias.stride(0),
+        *xs,
+        *dts[:3],
+        *Bs,
+        *Cs,
+        *zs,
+        *os_,
+        D is not None,
+        z is not None,
+        dt_bias is not None,
+        bool(dt_softplus),
+        T=T,
+        TP=triton.next_power_of_2(T),
+        RING=consts.ring,
+        M=triton.next_power_of_2(consts.ring),
+        HEADS_PER_GROUP=consts.heads_per_group,
+        P=P,
+        N=N,
+        BLOCK_P=block_p,
+        BLOCK_N=triton.next_power_of_2(N),
+        TILES=tiles,
+        SPECULATIVE=consts.speculative,
+        HAS_DST=dst_slots is not None,
+        STOCHASTIC=consts.stochastic,
+        PHILOX_ROUNDS=consts.philox_rounds,
+        PDL=pdl,
+        num_warps=num_warps,
+        launch_pdl=pdl,
+    )
+
+
+def commit(count, slots, num_accepted, faults, *, tokens: int, pad_slot_id: int, num_slots: int, pdl: bool):
+    """Add each row's accepted count to its slot's ring count in every layer of ``count`` (Ly, S):
+    one launch, graph capturable."""
+    b = slots.shape[0]
+    block = min(1024, triton.next_power_of_2(max(b, 1)))
+    pdl = bool(pdl) and pdl_capable(count.device)
+    return ring_commit_kernel[(triton.cdiv(b, block),)](
+        count,
+        slots,
+        num_accepted,
+        faults,
+        b,
+        pad_slot_id,
+        num_slots,
+        count.shape[0],
+        count.stride(0),
+        T=tokens,
+        BLOCK=block,
+        PDL=pdl,
+        launch_pdl=pdl,
+    )
+
+
+@torch.library.custom_op(
+    "ssu_triton::replay_step",
+    mutates_args=("ck", "x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket", "out", "faults"),
+)
+def replay_step_op(
+    ck: torch.Tensor,
+    x_ring: torch.Tensor,
+    B_ring: torch.Tensor,
+    d_ring: torch.Tensor,
+    a_ring: torch.Tensor,
+    start: torch.Tensor,
+    count: torch.Tensor,
+    ticket: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    slots: torch.Tensor,
+    D: Optional[torch.Tensor],
+    z: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
+    dt_softplus: bool,
+    out: torch.Tensor,
+    seed: Optional[torch.Tensor],
+    dst_slots: Optional[torch.Tensor],
+    faults: torch.Tensor,
+    consts: list[int],
+    plan: list[int],
+) -> None:
+    """The step as an opaque op: it mutates the layer's checkpoints, rings and cursors, ``out`` and the fault record."""
+    from .replay_layout import ReplayViews
+
+    views = ReplayViews(ck, x_ring, B_ring, d_ring, a_ring, start, count, ticket)
+    launch(
+        views,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        slots,
+        D,
+        z,
+        dt_bias,
+        dt_softplus,
+        out,
+        seed,
+        dst_slots,
+        faults,
+        ReplayConstants(*consts),
+        Plan(*plan),
+    )
+
+
+@replay_step_op.register_fake
+def _replay_step_fake(*args) -> None:
+    return None

@@ -1,0 +1,157 @@
+"""The state of the ``triton-replay`` backend: checkpoints, rings of recent inputs, cursors; and its
+logical value (read, write, sync), in plain torch.
+
+Buffers of a :class:`ssu.State` (Ly layers, S slots, L = max_window + T ring rows, input dtype
+``inp``):
+
+``ssm``      (Ly, S, H, P, N) checkpoints in the cache dtype (an allocated state; an adopted one has
+             the engine's tensors in ``State.cache`` instead)
+``x_ring``   (Ly, S, H, L, P) inp: x of the tokens in the ring
+``B_ring``   (Ly, S, G, L, N) inp: B of the tokens in the ring
+``d_ring``   (Ly, S, H, L) fp32: d = dt after bias and softplus
+``a_ring``   (Ly, S, H, L) fp32: A d, the token's log decay (so that the ring replays without A)
+``start``    (Ly, S) int32: ring row of the oldest token not folded into the checkpoint
+``count``    (Ly, S) int32: how many tokens the ring holds
+``ticket``   (Ly, S) int32: programs of the running step that are done with the slot (zero between steps)
+
+The logical state of a slot is its checkpoint advanced by the ``count`` ring tokens from row
+``start``: ``s = exp(a) s + d x B^T`` per token, in fp32 (:func:`read`). Each layer has its own
+cursors, so layers are stepped independently and a step of one token moves its own layer's
+cursors; a speculative commit moves every layer's.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ssu.dtypes import ITEMSIZE, to_torch
+from ssu.records import State
+
+#: slots replayed at once by :func:`sync` (bounds its temporary memory)
+SYNC_CHUNK = 64
+
+
+class ReplayViews(NamedTuple):
+    """One layer's tensors, as the kernel takes them: the checkpoints (S, H, P, N), any slot stride;
+    the rings and cursors of that layer."""
+
+    ck: object
+    x_ring: object
+    B_ring: object
+    d_ring: object
+    a_ring: object
+    start: object
+    count: object
+    ticket: object
+
+
+def ring_bytes_per_slot(problem, ring: int) -> int:
+    """Bytes the rings and cursors add to one slot of one layer."""
+    p = problem
+    inp = ITEMSIZE[p.input_dtype]
+    return ring * (p.nheads * p.headdim * inp + p.ngroups * p.dstate * inp + 2 * p.nheads * 4) + 3 * 4
+
+
+def _side_buffers(problem, num_layers: int, ring: int) -> dict:
+    import torch
+
+    p = problem
+    dev = p.device
+    inp = to_torch(p.input_dtype)
+    shape = (num_layers, p.num_slots)
+    return {
+        "x_ring": torch.zeros(*shape, p.nheads, ring, p.headdim, dtype=inp, device=dev),
+        "B_ring": torch.zeros(*shape, p.ngroups, ring, p.dstate, dtype=inp, device=dev),
+        "d_ring": torch.zeros(*shape, p.nheads, ring, dtype=torch.float32, device=dev),
+        "a_ring": torch.zeros(*shape, p.nheads, ring, dtype=torch.float32, device=dev),
+        "start": torch.zeros(shape, dtype=torch.int32, device=dev),
+        "count": torch.zeros(shape, dtype=torch.int32, device=dev),
+        "ticket": torch.zeros(shape, dtype=torch.int32, device=dev),
+    }
+
+
+def _views(buffers: dict, checkpoints) -> list:
+    names = ("x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket")
+    return [ReplayViews(ck, *(buffers[n][layer] for n in names)) for layer, ck in enumerate(checkpoints)]
+
+
+def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
+    """Zero checkpoints, empty rings, for ``num_layers`` layers."""
+    import torch
+
+    p = problem
+    buffers = _side_buffers(p, num_layers, ring)
+    buffers["ssm"] = torch.zeros(
+        num_layers, p.num_slots, p.nheads, p.headdim, p.dstate, dtype=to_torch(p.state_dtype), device=p.device
+    )
+    return State(backend, p, num_layers, buffers, views=_views(buffers, buffers["ssm"]))
+
+
+def adopt(problem, cache: tuple, ring: int, backend: str) -> State:
+    """The engine's per-layer tensors as the checkpoints, empty rings beside them."""
+    buffers = _side_buffers(problem, len(cache), ring)
+    return State(backend, problem, len(cache), buffers, cache=cache, views=_views(buffers, cache))
+
+
+def replay(views: ReplayViews, idx, heads_per_group: int):
+    """The logical states of slots ``idx`` (a long tensor): fp32 (len(idx), H, P, N)."""
+    import torch
+
+    s = views.ck[idx].float()
+    b = idx.shape[0]
+    if b == 0:
+        return s
+    start = views.start[idx].long()
+    count = views.count[idx].long()
+    steps = int(count.max().item())
+    ring = views.d_ring.shape[-1]
+    H = s.shape[1]
+    G = views.B_ring.shape[1]
+    heads = torch.arange(H, device=s.device)[None, :]
+    groups = torch.arange(G, device=s.device)[None, :]
+    slots = idx[:, None]
+    for i in range(steps):
+        r = ((start + i) % ring)[:, None]
+        x = views.x_ring[slots, heads, r].float()  # (b, H, P)
+        B = views.B_ring[slots, groups, r].float().repeat_interleave(heads_per_group, dim=1)  # (b, H, N)
+        d = views.d_ring[slots, heads, r]  # (b, H)
+        a = views.a_ring[slots, heads, r]
+        nxt = s * torch.exp(a)[:, :, None, None] + (d[:, :, None] * x)[..., None] * B[:, :, None, :]
+        s = torch.where((i < count).view(b, 1, 1, 1), nxt, s)
+    return s
+
+
+def read(state: State, slots, layer: int):
+    """Hook body: the logical states of ``slots`` in ``layer``."""
+    return replay(state.views[layer], slots.long(), state.problem.heads_per_group)
+
+
+def _reset(views: ReplayViews, idx) -> None:
+    views.start[idx] = 0
+    views.count[idx] = 0
+    views.ticket[idx] = 0
+
+
+def write(state: State, slots, values, layer: int) -> None:
+    """Hook body: ``values`` become the checkpoints of ``slots`` in ``layer``, their rings empty."""
+    views = state.views[layer]
+    idx = slots.long()
+    views.ck[idx] = values.to(device=views.ck.device, dtype=views.ck.dtype)
+    _reset(views, idx)
+
+
+def sync(state: State, slots) -> None:
+    """Fold the rings of ``slots`` (every slot when None) into the checkpoints of every layer, so
+    that an adopted cache holds the logical states (rounded to the cache dtype once, as a flush
+    rounds them); the rings are left empty."""
+    import torch
+
+    for views in state.views:
+        if slots is None:
+            idx = torch.arange(views.count.shape[0], device=views.count.device)
+        else:
+            idx = slots.long().to(views.count.device)
+        idx = idx[views.count[idx] > 0]
+        for chunk in idx.split(SYNC_CHUNK):
+            views.ck[chunk] = replay(views, chunk, state.problem.heads_per_group).to(views.ck.dtype)
+            _reset(views, chunk)

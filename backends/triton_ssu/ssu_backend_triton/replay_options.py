@@ -1,0 +1,45 @@
+"""Options of the ``triton-replay`` backend: ``[ssu.backends.triton-replay]`` in ssu.toml."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+from ssu.options import choice, in_range
+
+#: the longest ring window (the ring has max_window + T rows, at most 32)
+MAX_WINDOW = 16
+BLOCK_P_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+NUM_WARPS_CHOICES = (1, 2, 4, 8)
+
+
+@attrs.frozen
+class ReplayOptions:
+    """``max_window``: tokens a slot's ring holds before its checkpoint is written (tokens_per_step
+    to 16); the ring costs ``max_window + T`` rows of x, B, d and A d per slot and layer (``ssu
+    explain`` prints the bytes). ``window``: the flush policy, the ring tokens a step may leave
+    unfolded, -1 to choose per batch bucket by warmup (else a default: 0 below batch 16, where bytes
+    are not the limit, ``max_window`` above), or 0 (write the checkpoint every step) to
+    ``max_window`` for every batch. ``block_p`` / ``num_warps`` / ``tiles_per_program`` pin the
+    launch shape (0: tuned, or a default per shape): tiles of ``block_p`` rows of a head, programs
+    of ``num_warps`` warps, each over ``tiles_per_program`` tiles. ``programmatic_launch``: the step
+    and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
+    ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
+    of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
+    ``philox_rounds`` Philox rounds."""
+
+    max_window: int = attrs.field(default=15, validator=in_range(1, MAX_WINDOW))
+    window: int = attrs.field(default=-1, validator=in_range(-1, MAX_WINDOW))
+    block_p: int = attrs.field(default=0, validator=choice(0, *BLOCK_P_CHOICES))
+    num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
+    tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
+    programmatic_launch: bool = True
+    tuning_cache: Optional[str] = None
+    tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))
+    stochastic_rounding: bool = False
+    philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))
+
+    def ring_length(self, tokens_per_step: int) -> int:
+        """L: ring rows per slot and layer, ``max_window + T``."""
+        return self.max_window + tokens_per_step
