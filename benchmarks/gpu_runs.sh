@@ -4,7 +4,8 @@
 #   source .device/prelude.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
-# verify-flashinfer, overhead, bench, bench-t4, hf.
+# verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, hf.
+# SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -29,6 +30,16 @@ for stage in "$@"; do
     tests-hf) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_transformers_gpu.py tests/test_bench_gpu.py tests/test_devices.py \
       tests/test_state_safety.py tests/test_validation.py tests/test_engine_state.py 2>&1 \
       | tee "$OUT/gpu-tests-hf.log" | tail -25 ;;
+    tests-replay) timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -s backends/triton_ssu/tests/test_replay_gpu.py \
+      2>&1 | grep -v '^\[ssu' | tee "$OUT/gpu-tests-replay.log" | tail -40 ;;
+    verify-replay) timeout 560 python3 -m ssu verify --backend triton-replay --device cuda --profile quick 2>&1 \
+      | grep -v '^\[ssu' | tee "$OUT/verify-replay.log" | tail -40 ;;
+    bench-replay) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --batches 1,8,32,128,256,512,1024 \
+      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay" 2>&1 | grep -v '^\[ssu' \
+      | tee "$OUT/bench-replay.log" | tail -70 ;;
+    bench-replay-t4) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches 1,8,32,128,512 \
+      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay-t4" 2>&1 | grep -v '^\[ssu' \
+      | tee "$OUT/bench-replay-t4.log" | tail -40 ;;
     verify-triton) timeout 420 python3 -m ssu verify --backend triton --device cuda --profile default 2>&1 \
       | grep -v '^\[ssu' | tee "$OUT/verify-triton.log" | tail -40 ;;
     verify-flashinfer) timeout 400 python3 -m ssu verify --backend flashinfer --device cuda --profile smoke 2>&1 \

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
-from .errors import InputError
+from .errors import BackendError, InputError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -166,6 +166,15 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
     if kernel is None or b > kernel.problem.max_batch:
         batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
         kernel = open_kernel(used, Problem(**fields, max_batch=1 << (batch - 1).bit_length()))
+        if kernel.needs_sync:
+            raise BackendError(
+                f"backend {kernel.backend!r} keeps state beside the engine's cache (its tensor is current "
+                "only after kernel.sync), and the engine's own writes to that cache (a prefill) would not "
+                "reach it: the drop-in call serves backends whose steps keep the engine's tensor current "
+                "(reference, triton, flashinfer). Choose one of those, or open a kernel with ssu.open, "
+                "adopt the cache and call kernel.sync / kernel.write_state where the engine reads or "
+                "writes it"
+            )
         _kernels[key] = kernel
         warm = True
     else:

@@ -1,0 +1,255 @@
+"""The triton-replay backend against the reference on small problems (Triton's interpreter on the
+CPU in CI; the real GPU when there is one): decodes long enough to flush several times, commits of
+varying acceptance, pad rows, ring wrap-around, every flush window, adopted caches with sync,
+destination slots, options and refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ssu
+from ssu.conformance import run_on
+from ssu.harness import compare_with_reference
+from ssu.inputs import step_inputs
+from ssu_backend_triton import replay_engine
+from ssu_backend_triton.replay_launch import Plan
+
+from triton_helpers import DEVICE
+
+NAME = "triton-replay"
+
+
+def problem(**fields):
+    base = dict(
+        nheads=4,
+        headdim=8,
+        dstate=16,
+        ngroups=2,
+        state_dtype="fp32",
+        input_dtype="bf16",
+        num_slots=8,
+        max_batch=4,
+        device=DEVICE,
+    )
+    base.update(fields)
+    return ssu.Problem(**base)
+
+
+def compare(p, gen, backend_options=None, **kwargs):
+    return compare_with_reference(NAME, p, gen, backend_options=backend_options, **kwargs)
+
+
+def opened(p, **options):
+    return ssu.open(ssu.Config(backend=NAME, backends={NAME: options}), p)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    H=st.sampled_from([2, 4]),
+    G=st.sampled_from([1, 2]),
+    P=st.sampled_from([4, 5, 8]),
+    N=st.sampled_from([4, 12, 16]),
+    state=st.sampled_from(["fp32", "bf16", "fp16"]),
+    inp=st.sampled_from(["bf16", "fp16", "fp32"]),
+    T=st.sampled_from([1, 1, 2, 3]),
+    max_window=st.integers(3, 5),
+    window=st.integers(0, 5),
+    block_p=st.sampled_from([0, 2, 4]),
+    tiles=st.integers(0, 2),
+    pad=st.integers(0, 1),
+    options=st.booleans(),
+    int64=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_reference(H, G, P, N, state, inp, T, max_window, window, block_p, tiles, pad, options, int64, seed):
+    """Drawn shapes, dtypes, tokens, flush windows (0: every step, to the whole ring), launch
+    shapes, pad rows and optional inputs, over a decode that flushes and wraps the ring."""
+    gen = torch.Generator().manual_seed(seed)
+    p = problem(
+        nheads=H,
+        ngroups=G,
+        headdim=P,
+        dstate=N,
+        state_dtype=state,
+        input_dtype=inp,
+        tokens_per_step=T,
+        speculative=T > 1,
+        num_slots=6,
+        max_batch=3,
+    )
+    pins = {"max_window": max_window, "window": min(window, max_window)}
+    if block_p:
+        pins.update(block_p=block_p, num_warps=1, tiles_per_program=tiles)
+    compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
+
+
+def test_speculative_decode_wraps_the_ring(gen):
+    """Two layers, T = 3 with commits of random acceptance over many steps: the ring's start goes
+    round several times; the cursors of both layers move at each commit."""
+    p = problem(tokens_per_step=3, speculative=True, state_dtype="bf16", headdim=10, dstate=12, nheads=6, ngroups=3)
+    kernel, state = compare(p, gen, {"max_window": 4}, steps=10, pad=1, layers=2)
+    assert int(state.buffers["start"].max()) > 0  # the ring's start moved: flushes happened
+
+
+@pytest.mark.parametrize("window", [0, 1, 3])
+def test_cursors_follow_the_flush_rule(window, gen):
+    """One-token steps: the ring count after each step is the rule's (append while count + 1 <=
+    window, else fold everything), and every program of a row saw the same cursors."""
+    p = problem()
+    kernel = opened(p, max_window=3, window=window)
+    state = kernel.allocate_state()
+    slots = torch.tensor([1, 5], dtype=torch.int32, device=DEVICE)
+    count = 0
+    for _ in range(7):
+        kernel.step(state, **step_inputs(p, slots, gen).kwargs())
+        count = count + 1 if count + 1 <= window else 0
+        assert state.buffers["count"][0, slots.long()].tolist() == [count, count]
+        assert state.buffers["ticket"].eq(0).all()
+    assert state.buffers["count"][0, [0, 2, 3, 4, 6, 7]].eq(0).all()
+
+
+def test_commit_moves_counts_and_copies_no_state(gen):
+    p = problem(tokens_per_step=3, speculative=True)
+    kernel = opened(p, max_window=5)
+    state = kernel.allocate_state(num_layers=2)
+    slots = torch.tensor([1, 4], dtype=torch.int32, device=DEVICE)
+    for layer in range(2):
+        kernel.step(state, layer=layer, **step_inputs(p, slots, gen).kwargs())
+    before = {k: v.clone() for k, v in state.buffers.items()}
+    kernel.commit(state, slots, torch.tensor([3, 1], dtype=torch.int32, device=DEVICE))
+    for name, value in state.buffers.items():
+        if name != "count":
+            assert torch.equal(value, before[name]), name
+    assert state.buffers["count"][:, [1, 4]].tolist() == [[3, 1], [3, 1]]
+
+
+@pytest.mark.parametrize("pad_id", [-1, 0])
+@pytest.mark.parametrize("T", [1, 2])
+def test_adopted_caches_sync_and_destinations(pad_id, T, gen):
+    """An engine's cache (a view with a 2x slot stride) as the checkpoints: read_state exact after
+    every step, the engine's tensor current after sync, destination slots, a null block as pad id."""
+    p = problem(
+        tokens_per_step=T, speculative=T > 1, engine_state=True, pad_slot_id=pad_id, num_slots=12, state_dtype="bf16"
+    )
+    compare(p, gen, {"max_window": 3}, steps=6, pad=1, layers=2, adopt=True, destinations=T == 1)
+
+
+def test_sync_folds_the_ring_into_the_engine_tensor(gen):
+    p = problem(engine_state=True)
+    kernel = opened(p, max_window=4, window=4)
+    cache = torch.randn(p.num_slots, p.nheads, p.headdim, p.dstate, device=DEVICE)
+    state = kernel.adopt_state(cache)
+    slots = torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
+    for _ in range(3):
+        kernel.step(state, **step_inputs(p, slots, gen).kwargs())
+    logical = kernel.read_state(state, slots.long())
+    assert not torch.allclose(cache[slots.long()], logical)  # the ring holds three tokens
+    kernel.sync(state, slots)
+    assert torch.equal(cache[slots.long()], logical) and state.buffers["count"].eq(0).all()
+    assert torch.equal(kernel.read_state(state, slots.long()), logical)
+
+
+def test_stochastic_rounding_fp16(gen):
+    compare(problem(state_dtype="fp16"), gen, {"stochastic_rounding": True, "philox_rounds": 7, "window": 0}, steps=3)
+
+
+@pytest.mark.parametrize(
+    "check", ["roundtrip", "warmup", "bad-inputs", "guarded-ids", "destinations", "adopted", "partial-commit"]
+)
+@pytest.mark.parametrize("T", [1, 2])
+def test_conformance_checks(check, T, gen):
+    """The conformance kit's checks on a small problem; each reports pass, or skips with a reason."""
+    p = problem(tokens_per_step=T, speculative=T > 1, num_slots=12, engine_state=check == "adopted")
+    try:
+        run_on(opened(p, max_window=3), check, gen)
+    except ssu.conformance.CheckSkipped:
+        pass
+
+
+def test_options_refusals_and_explain():
+    with pytest.raises(ssu.BackendUnavailableError, match="max_window=2 is below tokens_per_step=3"):
+        opened(problem(tokens_per_step=3, speculative=True), max_window=2)
+    with pytest.raises(ssu.BackendUnavailableError, match="window=5 exceeds max_window=4"):
+        opened(problem(), max_window=4, window=5)
+    with pytest.raises(ssu.BackendUnavailableError, match="stochastic_rounding applies to an fp16"):
+        opened(problem(), stochastic_rounding=True)
+    with pytest.raises(ssu.BackendUnavailableError, match="dstate=512 exceeds 256"):
+        opened(problem(dstate=512))
+    with pytest.raises(ssu.ConfigError, match="max_window=17 is out of range"):
+        opened(problem(), max_window=17)
+    kernel = opened(problem(nheads=128, headdim=64, dstate=128, ngroups=8))
+    # 16 rows of x (128 x 64 bf16), B (8 x 128 bf16), d and A d (2 x 128 fp32), three cursors
+    assert "ring of 16 tokens: 0.30 MiB per slot and layer beside a 4.00 MiB state (+7.4 %)" in kernel.explain()
+
+
+def test_default_plans_and_cached_plans():
+    p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, max_batch=256, device="cpu")
+    options = opened(problem()).options
+    assert replay_engine.default_plan(p, options, 8).window == 0
+    assert replay_engine.default_plan(p, options, 64).window == options.max_window
+    assert replay_engine.default_plan(p, options, 64).block_p * 128 == 1024
+    assert replay_engine.cached_plan({"k": {"plan": [8, 2, 1, 15, 1]}}, "k") == Plan(8, 2, 1, 15, 1)
+    for bad in ({"k": {"plan": [8, 2]}}, {"k": {"plan": [8, 2, 1, -1, 0]}}, {"k": "x"}, {}):
+        assert replay_engine.cached_plan(bad, "k") is None
+    key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
+    assert "replay v1 W15" in key and "batch 64" in key and "|T1|" in key
+    assert len(replay_engine.candidate_shapes(p)) >= 4
+
+
+def test_window_option_pins_every_bucket():
+    p = problem(max_batch=64)
+    kernel = opened(p, window=2)
+    table = kernel._ctx.memo["launcher"].table
+    assert {plan.window for plan in table[1:]} == {2}
+
+
+def test_torch_compile_custom_op(gen):
+    """The step inside torch.compile goes through torch.ops.ssu_triton.replay_step."""
+    from ssu.inputs import pick_slots
+
+    p = problem()
+    kernel = ssu.open(ssu.Config(backend=NAME, validate=False, backends={NAME: {"window": 3}}), p)
+    reference = ssu.open(ssu.Config(backend="reference"), p)
+    ts, rs = kernel.allocate_state(), reference.allocate_state()
+    slots = pick_slots(p, 3, gen)
+    inputs = step_inputs(p, slots, gen).kwargs()
+    out = torch.empty_like(inputs["x"])
+
+    def layer(x, dt, B, C, z):
+        kernel.step(
+            ts,
+            x,
+            dt,
+            inputs["A"],
+            B,
+            C,
+            slots,
+            D=inputs["D"],
+            z=z,
+            dt_bias=inputs["dt_bias"],
+            dt_softplus=True,
+            out=out,
+        )
+        return out * 2
+
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    got = compiled(inputs["x"], inputs["dt"], inputs["B"], inputs["C"], inputs["z"])
+    want = reference.step(rs, **inputs) * 2
+    assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert int(ts.buffers["count"][0, slots.long()].min()) == 1  # the token went into the ring
+    assert torch.allclose(kernel.read_state(ts, slots), reference.read_state(rs, slots), rtol=1e-4, atol=1e-5)
+
+
+def test_dropin_refuses_a_backend_that_needs_sync():
+    ssu.dropin.clear()
+    p = problem()
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(p.num_slots, p.nheads, p.headdim, p.dstate, device=DEVICE)
+    i = step_inputs(p, torch.arange(2, dtype=torch.int32, device=DEVICE), gen)
+    with pytest.raises(ssu.BackendError, match="keeps state beside the engine's cache"):
+        ssu.selective_state_update(cache, i.x, i.dt, i.A, i.B, i.C, config=ssu.Config(backend=NAME))
+    ssu.dropin.clear()
