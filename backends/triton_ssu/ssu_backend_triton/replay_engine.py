@@ -35,22 +35,24 @@ def default_plan(problem, options, batch: int) -> Plan:
         window = options.window
     else:
         window = options.max_window if batch >= RING_FROM_BATCH else 0
-    return Plan(block_p, 2, 1, window, int(problem.device_type == "cuda" and options.programmatic_launch))
+    return Plan(block_p, 2, 1, 0, window, int(problem.device_type == "cuda" and options.programmatic_launch))
 
 
-def candidate_shapes(problem) -> list[tuple[int, int, int]]:
-    """(block_p, num_warps, tiles) worth timing: tiles of 512 to 2048 values, one program per tile
-    with 1, 2 or 4 warps, or a program over a whole head (its per-head weights computed once)."""
+def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
+    """(block_p, num_warps, tiles, stages) worth timing: one program per tile of 512 to 2048
+    values with 1, 2 or 4 warps; or a program over a whole head, or half of one (its per-head
+    weights computed once), its tile loads pipelined 3 or 4 deep."""
     block_n = triton.next_power_of_2(problem.dstate)
     top = triton.next_power_of_2(problem.headdim)
     out = []
     for values, warps in ((1024, 1), (1024, 2), (2048, 4), (512, 1)):
-        block_p = max(1, min(top, values // block_n))
-        out.append((block_p, warps, 1))
+        out.append((max(1, min(top, values // block_n)), warps, 1, 0))
     block_p = max(1, min(top, 1024 // block_n))
     tiles = -(-problem.headdim // block_p)
     if tiles > 1:
-        out.append((block_p, 2, tiles))
+        out += [(block_p, 2, tiles, 3), (block_p, 2, tiles, 4), (block_p, 1, tiles, 4)]
+        if tiles % 2 == 0 and tiles > 2:
+            out.append((block_p, 2, tiles // 2, 4))
     return sorted(set(out))
 
 
@@ -118,7 +120,8 @@ class ReplayLauncher:
         default = default_plan(self.problem, o, bucket)
         block_p = o.block_p or default.block_p
         tiles = o.tiles_per_program or 1
-        return Plan(block_p, o.num_warps or default.num_warps, tiles, default.window, default.pdl)
+        stages = o.loop_stages if tiles > 1 else 0
+        return Plan(block_p, o.num_warps or default.num_warps, tiles, stages, default.window, default.pdl)
 
     def set_bucket(self, bucket: int, plan: Plan) -> None:
         """Use ``plan`` for every batch size in (bucket / 2, bucket], with what the options force."""
@@ -220,7 +223,7 @@ class ReplayLauncher:
         fresh = {}
         windows = [o.window] if o.window >= 0 else sorted({0, o.max_window})
         if o.block_p and o.num_warps:
-            shapes = [(o.block_p, o.num_warps, o.tiles_per_program or 1)]
+            shapes = [self.pinned(1)[:4]]
         else:
             shapes = candidate_shapes(p)
         for bucket in tuning.buckets(p.max_batch):
@@ -232,7 +235,7 @@ class ReplayLauncher:
                 log(f"batch {bucket:5d}: tuned {tuple(plan)} from {path}")
                 continue
             t0 = time.perf_counter()
-            plans = [Plan(bp, w, tiles, window, int(self.pdl)) for bp, w, tiles in shapes for window in windows]
+            plans = [Plan(*shape, window, int(self.pdl)) for shape in shapes for window in windows]
             best = self.time_plans(bucket, plans, log)
             if best is None:
                 log(f"batch {bucket:5d}: every candidate failed; keeping the default")

@@ -115,6 +115,7 @@ def replay_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,
+    STAGES: tl.constexpr,
     SPECULATIVE: tl.constexpr,
     HAS_DST: tl.constexpr,
     STOCHASTIC: tl.constexpr,
@@ -227,63 +228,19 @@ def replay_kernel(
     read_base = ck_ptr + safe * ck_slot + head * ck_head
     write_base = ck_ptr + target * ck_slot + head * ck_head
     xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
-    rows = tl.arange(0, BLOCK_P)
+    x_base = x_ptr + row * x_b + head * x_h
     state_rows = tl.where(valid, P, 0)
-    write_rows = tl.where(flush, P, 0)
-    for i in tl.range(0, TILES):
-        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
-        mask_p = offs_p < P
-        tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-        X_ring = tl.load(
-            xr_base + ring_row[:, None] * P + offs_p[None, :], mask=in_ring[:, None] & mask_p[None, :], other=0.0
-        )
-        X_new = tl.load(
-            x_ptr + row * x_b + tok[:, None] * x_t + head * x_h + offs_p[None, :] * x_p,
-            mask=in_new[:, None] & mask_p[None, :],
-            other=0.0,
-        )
-        if append:
-            tl.store(xr_base + ring_row[:, None] * P + offs_p[None, :], X_new, mask=in_new[:, None] & mask_p[None, :])
-        X_m = X_ring.to(tl.float32) + X_new.to(tl.float32)
-        for t in tl.static_range(T):
-            C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
-                tl.float32
-            )
-            w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
-            decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
-            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(w[:, None] * X_m, axis=0)
-            if has_d:
-                y += d_skip * tl.sum(tl.where(offs_m[:, None] == k + t, X_m, 0.0), axis=0)
-            if has_z:
-                zv = tl.load(z_ptr + row * z_b + t * z_t + head * z_h + offs_p * z_p, mask=mask_p, other=0.0)
-                zv = zv.to(tl.float32)
-                y = y * zv * tl.sigmoid(zv)
-            tl.store(
-                out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p
-            )
-        if flush:  # fold the first ``fold`` positions into the tile, token by token, and store it once
-            s = s0
-            for j in range(0, fold):
-                in_r = j < k
-                r = (start + j) % RING
-                x_j = tl.load(
-                    tl.where(in_r, xr_base + r * P, x_ptr + row * x_b + (j - k) * x_t + head * x_h)
-                    + offs_p * tl.where(in_r, 1, x_p),
-                    mask=mask_p,
-                    other=0.0,
-                ).to(tl.float32)
-                B_j = tl.load(
-                    tl.where(in_r, Br_base + r * N, B_ptr + row * B_b + (j - k) * B_t + group * B_g)
-                    + offs_n * tl.where(in_r, 1, B_n),
-                    mask=mask_n,
-                    other=0.0,
-                ).to(tl.float32)
-                d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
-                a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
-                s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
-            stored = rounded_state(s, ck_ptr, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-            tl.store(write_base + tile, stored, mask=(offs_p < write_rows)[:, None] & mask_n[None, :])
+    args = (
+        read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
+        C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+        ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
+        pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
+        weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
+    )  # fmt: skip
+    if flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
+        _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
+    else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
+        _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
 
     # cursors: the last program of a row whose cursors change writes them
     if SPECULATIVE:
@@ -303,6 +260,118 @@ def replay_kernel(
     if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
         tl.store(start_ptr + dst, 0)
         tl.store(count_ptr + dst, 0)
+
+
+@triton.jit
+def _tiles(
+    read_base,
+    write_base,
+    xr_base,
+    x_base,
+    Br_base,
+    B_row,
+    C_row,
+    z_base,
+    o_base,
+    ck_p,
+    x_t,
+    x_p,
+    B_t,
+    B_n,
+    C_t,
+    C_n,
+    z_t,
+    z_p,
+    o_t,
+    o_p,
+    pid_p,
+    state_rows,
+    append,
+    start,
+    k,
+    fold,
+    ring_row,
+    in_ring,
+    in_new,
+    tok,
+    offs_m,
+    offs_n,
+    mask_n,
+    weights,
+    decays,
+    d_m,
+    a_m,
+    d_skip,
+    has_d,
+    has_z,
+    seed,
+    element,
+    T: tl.constexpr,
+    TP: tl.constexpr,
+    RING: tl.constexpr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    FOLD: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+):
+    """The program's tiles: each tile's outputs from the checkpoint tile and the ring rows (the
+    new tokens' x appended to the ring); with ``FOLD`` the first ``fold`` positions applied to
+    the tile one by one and the tile stored, rounded, at ``write_base``."""
+    rows = tl.arange(0, BLOCK_P)
+    offs_t = tl.arange(0, TP)
+    w0 = tl.sum(tl.where(offs_t[None, :] == 0, weights, 0.0), axis=1)
+    decay0 = tl.sum(tl.where(offs_t == 0, decays, 0.0), axis=0)
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
+        tile = offs_p[:, None] * ck_p + offs_n[None, :]
+        s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        ring_mask = mask_p[:, None] & in_ring[None, :]
+        new_mask = mask_p[:, None] & in_new[None, :]
+        X_ring = tl.load(xr_base + ring_row[None, :] * P + offs_p[:, None], mask=ring_mask, other=0.0)
+        X_new = tl.load(x_base + tok[None, :] * x_t + offs_p[:, None] * x_p, mask=new_mask, other=0.0)
+        if append:
+            tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
+        X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (BLOCK_P, M): rows of the tile, positions
+        for t in tl.static_range(T):
+            C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            if T == 1:
+                w = w0
+                decay = decay0
+            else:
+                w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
+                decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
+            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w[None, :], axis=1)
+            if has_d:
+                y += d_skip * tl.sum(tl.where(offs_m[None, :] == k + t, X, 0.0), axis=1)
+            if has_z:
+                zv = tl.load(z_base + t * z_t + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+                y = y * zv * tl.sigmoid(zv)
+            tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        if FOLD:
+            s = s0
+            for j in range(0, fold):
+                in_r = j < k
+                r = (start + j) % RING
+                x_j = tl.load(
+                    tl.where(in_r, xr_base + r * P, x_base + (j - k) * x_t) + offs_p * tl.where(in_r, 1, x_p),
+                    mask=mask_p,
+                    other=0.0,
+                ).to(tl.float32)
+                B_j = tl.load(
+                    tl.where(in_r, Br_base + r * N, B_row + (j - k) * B_t) + offs_n * tl.where(in_r, 1, B_n),
+                    mask=mask_n,
+                    other=0.0,
+                ).to(tl.float32)
+                d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
+                a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
+                s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
+            stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
+            tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])

@@ -16,12 +16,14 @@ from .replay_kernel import replay_kernel, ring_commit_kernel
 
 class Plan(NamedTuple):
     """How one step is launched, per batch bucket: ``block_p`` rows of a head per tile,
-    ``num_warps`` per program, ``tiles`` per program, the flush ``window`` (ring tokens a step may
-    leave unfolded: 0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch)."""
+    ``num_warps`` per program, ``tiles`` per program, the pipeline ``stages`` of a program's loop
+    over its tiles (0: not pipelined), the flush ``window`` (ring tokens a step may leave unfolded:
+    0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch)."""
 
     block_p: int
     num_warps: int
     tiles: int = 1
+    stages: int = 0
     window: int = 0
     pdl: int = 0
 
@@ -41,7 +43,7 @@ class ReplayConstants(NamedTuple):
 def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan):
     """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
     Returns Triton's handle of the compiled kernel."""
-    block_p, num_warps, tiles, window, pdl = plan
+    block_p, num_warps, tiles, stages, window, pdl = plan
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -112,6 +114,7 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
         BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N),
         TILES=tiles,
+        STAGES=stages if tiles > 1 else 0,
         SPECULATIVE=consts.speculative,
         HAS_DST=dst_slots is not None,
         STOCHASTIC=consts.stochastic,

@@ -21,9 +21,10 @@ class ReplayOptions:
     explain`` prints the bytes). ``window``: the flush policy, the ring tokens a step may leave
     unfolded, -1 to choose per batch bucket by warmup (else a default: 0 below batch 16, where bytes
     are not the limit, ``max_window`` above), or 0 (write the checkpoint every step) to
-    ``max_window`` for every batch. ``block_p`` / ``num_warps`` / ``tiles_per_program`` pin the
-    launch shape (0: tuned, or a default per shape): tiles of ``block_p`` rows of a head, programs
-    of ``num_warps`` warps, each over ``tiles_per_program`` tiles. ``programmatic_launch``: the step
+    ``max_window`` for every batch. ``block_p`` / ``num_warps`` / ``tiles_per_program`` /
+    ``loop_stages`` pin the launch shape (0: tuned, or a default per shape): tiles of ``block_p``
+    rows of a head, programs of ``num_warps`` warps, each over ``tiles_per_program`` tiles whose
+    loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``programmatic_launch``: the step
     and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
     ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
     of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
@@ -34,6 +35,7 @@ class ReplayOptions:
     block_p: int = attrs.field(default=0, validator=choice(0, *BLOCK_P_CHOICES))
     num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
+    loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     programmatic_launch: bool = True
     tuning_cache: Optional[str] = None
     tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))

@@ -59,12 +59,15 @@ def opened(p, **options):
     window=st.integers(0, 5),
     block_p=st.sampled_from([0, 2, 4]),
     tiles=st.integers(0, 2),
+    stages=st.sampled_from([0, 2]),
     pad=st.integers(0, 1),
     options=st.booleans(),
     int64=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_matches_reference(H, G, P, N, state, inp, T, max_window, window, block_p, tiles, pad, options, int64, seed):
+def test_matches_reference(
+    H, G, P, N, state, inp, T, max_window, window, block_p, tiles, stages, pad, options, int64, seed
+):
     """Drawn shapes, dtypes, tokens, flush windows (0: every step, to the whole ring), launch
     shapes, pad rows and optional inputs, over a decode that flushes and wraps the ring."""
     gen = torch.Generator().manual_seed(seed)
@@ -82,7 +85,7 @@ def test_matches_reference(H, G, P, N, state, inp, T, max_window, window, block_
     )
     pins = {"max_window": max_window, "window": min(window, max_window)}
     if block_p:
-        pins.update(block_p=block_p, num_warps=1, tiles_per_program=tiles)
+        pins.update(block_p=block_p, num_warps=1, tiles_per_program=tiles, loop_stages=stages)
     compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
 
 
@@ -191,8 +194,8 @@ def test_default_plans_and_cached_plans():
     assert replay_engine.default_plan(p, options, 8).window == 0
     assert replay_engine.default_plan(p, options, 64).window == options.max_window
     assert replay_engine.default_plan(p, options, 64).block_p * 128 == 1024
-    assert replay_engine.cached_plan({"k": {"plan": [8, 2, 1, 15, 1]}}, "k") == Plan(8, 2, 1, 15, 1)
-    for bad in ({"k": {"plan": [8, 2]}}, {"k": {"plan": [8, 2, 1, -1, 0]}}, {"k": "x"}, {}):
+    assert replay_engine.cached_plan({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, "k") == Plan(8, 2, 1, 0, 15, 1)
+    for bad in ({"k": {"plan": [8, 2]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
     assert "replay v1 W15" in key and "batch 64" in key and "|T1|" in key
