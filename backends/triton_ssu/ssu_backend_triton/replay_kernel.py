@@ -115,7 +115,6 @@ def replay_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,
-    FOLD_P: tl.constexpr,
     STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
     SPECULATIVE: tl.constexpr,
@@ -230,19 +229,17 @@ def replay_kernel(
     write_base = ck_ptr + target * ck_slot + head * ck_head
     xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
     x_base = x_ptr + row * x_b + head * x_h
-    # the fold of a flushing row: checkpoint' = exp(cum_F) checkpoint + sum over j < F of coef_j x_j B_j^T
-    cum_f = tl.sum(tl.where(offs_m == fold - 1, cum, 0.0), axis=0)
-    coef = tl.where(offs_m < fold, tl.exp(cum_f - cum) * d_m, 0.0)
     args = (
-        read_base, write_base, xr_base, x_base, C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h,
-        out_ptr + row * o_b + head * o_h, ck_p, x_t, x_p, C_t, C_n, z_t, z_p, o_t, o_p,
-        pid_p, state_rows, append, k, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
-        weights, decays, B_m, coef, tl.exp(cum_f), d_skip, has_d, has_z, seed, element, s_pre,
+        read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
+        C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+        ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
+        pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
+        weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element, s_pre,
     )  # fmt: skip
-    if flush:  # rows that rewrite their checkpoint: tiles of at least 16 rows (a matrix product folds them)
-        _tiles(*args, T, TP, P, N, BLOCK_P, TILES, FOLD_P, STAGES, True, PREFETCH, STOCHASTIC, PHILOX_ROUNDS)
-    else:  # the others read the checkpoint only
-        _tiles(*args, T, TP, P, N, BLOCK_P, TILES, BLOCK_P, STAGES, False, PREFETCH, STOCHASTIC, PHILOX_ROUNDS)
+    if flush:  # rows that rewrite their checkpoint
+        _tiles(*args, T, TP, RING, M, P, N, BLOCK_P, TILES, 0, True, PREFETCH, STOCHASTIC, PHILOX_ROUNDS)
+    else:  # the others read the checkpoint only, their tile loads pipelined
+        _tiles(*args, T, TP, RING, M, P, N, BLOCK_P, TILES, STAGES, False, PREFETCH, STOCHASTIC, PHILOX_ROUNDS)
 
     # the new tokens' d, a and B join the ring (one program of the head, of the group)
     if append & (pid_p == 0):
@@ -277,12 +274,16 @@ def _tiles(
     write_base,
     xr_base,
     x_base,
+    Br_base,
+    B_row,
     C_row,
     z_base,
     o_base,
     ck_p,
     x_t,
     x_p,
+    B_t,
+    B_n,
     C_t,
     C_n,
     z_t,
@@ -292,7 +293,9 @@ def _tiles(
     pid_p,
     state_rows,
     append,
+    start,
     k,
+    fold,
     ring_row,
     in_ring,
     in_new,
@@ -302,9 +305,8 @@ def _tiles(
     mask_n,
     weights,
     decays,
-    B_m,
-    coef,
-    decay_f,
+    d_m,
+    a_m,
     d_skip,
     has_d,
     has_z,
@@ -313,60 +315,88 @@ def _tiles(
     s_pre,
     T: tl.constexpr,
     TP: tl.constexpr,
+    RING: tl.constexpr,
+    M: tl.constexpr,
     P: tl.constexpr,
     N: tl.constexpr,
     BLOCK_P: tl.constexpr,
     TILES: tl.constexpr,
-    ROWS: tl.constexpr,
     STAGES: tl.constexpr,
     FOLD: tl.constexpr,
     PREFETCH: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
 ):
-    """The program's rows (``TILES`` tiles of ``BLOCK_P``) in tiles of ``ROWS``: each tile's
-    outputs from the checkpoint tile and the ring rows (the new tokens' x appended to the ring);
-    with ``FOLD`` the tile advanced by the folded positions (``coef``, ``decay_f``: one matrix
-    product of the tile's x rows and the positions' B) and stored, rounded, at ``write_base``."""
-    first = pid_p * (TILES * BLOCK_P)
-    end = tl.minimum(first + TILES * BLOCK_P, P)
-    rows = tl.arange(0, ROWS)
+    """The program's ``TILES`` tiles of ``BLOCK_P`` rows: each tile's outputs from the checkpoint
+    tile and the ring rows (the new tokens' x appended to the ring); with ``FOLD`` the tile
+    advanced by the first ``fold`` positions, token by token in fp32, and stored, rounded, at
+    ``write_base``. Vectors that multiply the tile (C, a folded token's x and B) are loaded in
+    the tile's own layout (each lane loads what it multiplies; repeats hit L1), so that no value
+    is redistributed through shared memory inside the loop."""
+    rows = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TP)
+    zero_tile = 0 * rows[:, None] + 0 * offs_n[None, :]  # (rows, N) offsets: a vector loaded per row
     w0 = tl.sum(tl.where(offs_t[None, :] == 0, weights, 0.0), axis=1)
     decay0 = tl.sum(tl.where(offs_t == 0, decays, 0.0), axis=0)
-    for i in tl.range(0, (TILES * BLOCK_P + ROWS - 1) // ROWS, num_stages=STAGES):
-        offs_p = first + i * ROWS + rows
-        mask_p = offs_p < end
+    w0_tile = tl.broadcast_to(w0[None, :], (BLOCK_P, M))  # made once, in the layout of the tiles' x rows
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        s0 = tl.load(read_base + tile, mask=(mask_p & (offs_p < state_rows))[:, None] & mask_n[None, :], other=0.0).to(
-            tl.float32
-        )
+        if PREFETCH:  # the program's one tile, loaded before the ring's rows
+            s0 = s_pre.to(tl.float32)
+        else:
+            s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0)
+            s0 = s0.to(tl.float32)
         ring_mask = mask_p[:, None] & in_ring[None, :]
         new_mask = mask_p[:, None] & in_new[None, :]
         X_ring = tl.load(xr_base + ring_row[None, :] * P + offs_p[:, None], mask=ring_mask, other=0.0)
         X_new = tl.load(x_base + tok[None, :] * x_t + offs_p[:, None] * x_p, mask=new_mask, other=0.0)
-        if append:
-            tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
-        X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (ROWS, M): rows of the tile, positions
+        X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (rows, M): rows of the tile, positions
+        tile_mask = mask_p[:, None] & mask_n[None, :]
+        if FOLD:
+            s = s0
+            for j in tl.range(0, fold, num_stages=2):
+                in_r = j < k
+                r = (start + j) % RING
+                x_j = tl.load(
+                    tl.where(in_r, xr_base + r * P, x_base + (j - k) * x_t)
+                    + offs_p[:, None] * tl.where(in_r, 1, x_p)
+                    + zero_tile,
+                    mask=tile_mask,
+                    other=0.0,
+                ).to(tl.float32)
+                B_j = tl.load(
+                    tl.where(in_r, Br_base + r * N, B_row + (j - k) * B_t)
+                    + offs_n[None, :] * tl.where(in_r, 1, B_n)
+                    + zero_tile,
+                    mask=tile_mask,
+                    other=0.0,
+                ).to(tl.float32)
+                d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
+                a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
+                s = tl.fma(s, tl.exp(a_j), d_j * x_j * B_j)
         for t in tl.static_range(T):
-            C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            C_tile = tl.load(C_row + t * C_t + offs_n[None, :] * C_n + zero_tile, mask=tile_mask, other=0.0)
             if T == 1:
-                w = w0
+                ring_part = tl.sum(X * w0_tile, axis=1)
                 decay = decay0
             else:
                 w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
+                ring_part = tl.sum(X * w[None, :], axis=1)
                 decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
-            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w[None, :], axis=1)
+            y = decay * tl.sum(s0 * C_tile.to(tl.float32), axis=1) + ring_part
             if has_d:
                 y += d_skip * tl.sum(tl.where(offs_m[None, :] == k + t, X, 0.0), axis=1)
             if has_z:
                 zv = tl.load(z_base + t * z_t + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
                 y = y * zv * tl.sigmoid(zv)
             tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        if append:
+            tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
         if FOLD:
-            s = decay_f * s0 + tl.dot(X * coef[None, :], B_m, input_precision="ieee")
             stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-            tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
+            tl.store(write_base + tile, stored, mask=tile_mask)
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])
