@@ -61,7 +61,7 @@ def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str)
     """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window."""
     p = problem
     return (
-        f"{gpu}|triton {triton_version}|replay v3 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v4 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if options.stochastic_rounding else ''}|batch {bucket}"
     )

@@ -329,10 +329,11 @@ def _tiles(
 ):
     """The program's ``TILES`` tiles of ``BLOCK_P`` rows: each tile's outputs from the checkpoint
     tile and the ring rows (the new tokens' x appended to the ring); with ``FOLD`` the tile
-    advanced by the first ``fold`` positions, token by token in fp32, and stored, rounded, at
-    ``write_base``. Vectors that multiply the tile (C, a folded token's x and B) are loaded in
-    the tile's own layout (each lane loads what it multiplies; repeats hit L1), so that no value
-    is redistributed through shared memory inside the loop."""
+    advanced by the first ``fold`` positions, token by token in fp32 (each token's x and B
+    prefetched while the one before is applied), and stored, rounded, at ``write_base``. C is
+    loaded in the tile's own layout (each lane loads the columns it multiplies; repeats hit L1)
+    and the ring weights are laid out once before the loop, so that the read-only pass moves
+    nothing through shared memory but its pipelined tile loads."""
     rows = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TP)
     zero_tile = 0 * rows[:, None] + 0 * offs_n[None, :]  # (rows, N) offsets: a vector loaded per row
@@ -356,26 +357,22 @@ def _tiles(
         tile_mask = mask_p[:, None] & mask_n[None, :]
         if FOLD:
             s = s0
-            for j in tl.range(0, fold, num_stages=2):
+            for j in tl.range(0, fold, num_stages=2):  # each token's x and B prefetched during the one before
                 in_r = j < k
                 r = (start + j) % RING
                 x_j = tl.load(
-                    tl.where(in_r, xr_base + r * P, x_base + (j - k) * x_t)
-                    + offs_p[:, None] * tl.where(in_r, 1, x_p)
-                    + zero_tile,
-                    mask=tile_mask,
+                    tl.where(in_r, xr_base + r * P, x_base + (j - k) * x_t) + offs_p * tl.where(in_r, 1, x_p),
+                    mask=mask_p,
                     other=0.0,
                 ).to(tl.float32)
                 B_j = tl.load(
-                    tl.where(in_r, Br_base + r * N, B_row + (j - k) * B_t)
-                    + offs_n[None, :] * tl.where(in_r, 1, B_n)
-                    + zero_tile,
-                    mask=tile_mask,
+                    tl.where(in_r, Br_base + r * N, B_row + (j - k) * B_t) + offs_n * tl.where(in_r, 1, B_n),
+                    mask=mask_n,
                     other=0.0,
                 ).to(tl.float32)
                 d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
                 a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
-                s = tl.fma(s, tl.exp(a_j), d_j * x_j * B_j)
+                s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
         for t in tl.static_range(T):
             C_tile = tl.load(C_row + t * C_t + offs_n[None, :] * C_n + zero_tile, mask=tile_mask, other=0.0)
             if T == 1:
