@@ -40,13 +40,12 @@ def default_plan(problem, options, batch: int) -> Plan:
 
 def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
     """(block_p, num_warps, tiles, stages) worth timing: one program per tile of 512 to 2048
-    values with 1, 2 or 4 warps (its tile loaded before the ring's rows); or a program over a
-    whole head, or half of one (its per-head weights computed once), its tile loads pipelined
-    3 or 4 deep."""
+    values with 1, 2 or 4 warps; or a program over a whole head, or half of one (its per-head
+    weights computed once), its tile loads pipelined 3 or 4 deep."""
     block_n = triton.next_power_of_2(problem.dstate)
     top = triton.next_power_of_2(problem.headdim)
     out = []
-    for values, warps in ((1024, 1), (1024, 2), (2048, 2), (2048, 4), (512, 1)):
+    for values, warps in ((1024, 1), (1024, 2), (2048, 4), (512, 1)):
         out.append((max(1, min(top, values // block_n)), warps, 1, 0))
     block_p = max(1, min(top, 1024 // block_n))
     tiles = -(-problem.headdim // block_p)
@@ -61,7 +60,7 @@ def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str)
     """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window."""
     p = problem
     return (
-        f"{gpu}|triton {triton_version}|replay v4 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v5 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if options.stochastic_rounding else ''}|batch {bucket}"
     )

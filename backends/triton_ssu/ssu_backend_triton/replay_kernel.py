@@ -116,7 +116,6 @@ def replay_kernel(
     BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,
     STAGES: tl.constexpr,
-    PREFETCH: tl.constexpr,
     SPECULATIVE: tl.constexpr,
     HAS_DST: tl.constexpr,
     STOCHASTIC: tl.constexpr,
@@ -136,20 +135,6 @@ def replay_kernel(
 
     slot = tl.load(slots_ptr + row).to(tl.int64)
     valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
-    safe = tl.where(valid, slot, 0)
-    read_base = ck_ptr + safe * ck_slot + head * ck_head
-    state_rows = tl.where(valid, P, 0)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    if PREFETCH:  # a program of one tile loads it first, so that its latency overlaps the ring's
-        offs_p0 = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-        s_pre = tl.load(
-            read_base + offs_p0[:, None] * ck_p + offs_n[None, :],
-            mask=((offs_p0 < P) & (offs_p0 < state_rows))[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-    else:
-        s_pre = 0.0
     if HAS_DST:
         dst = tl.load(dst_ptr + row).to(tl.int64)
         dst_ok = valid & (dst >= 0) & (dst < num_slots) & (dst != pad_slot_id)
@@ -162,6 +147,7 @@ def replay_kernel(
         if HAS_DST:
             if ((dst < 0) | (dst >= num_slots)) & (dst != pad_slot_id):
                 tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (1 << 32) | (dst & 0xFFFFFFFF))
+    safe = tl.where(valid, slot, 0)
     start = tl.load(start_ptr + safe, mask=valid, other=0)
     k = tl.load(count_ptr + safe, mask=valid, other=0)
     owner = dst_ok & (dst == slot)  # the row's own slot takes the step: its ring, cursors, checkpoint
@@ -198,6 +184,8 @@ def replay_kernel(
     d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
     a_m = tl.where(in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0))
     cum = tl.cumsum(a_m, 0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
     Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
     B_ring = tl.load(
         Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
@@ -222,31 +210,37 @@ def replay_kernel(
         weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
         decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
 
-    seed = 0
-    if STOCHASTIC:
-        seed = tl.load(seed_ptr)
-    element = (target * 65599 + head * P * N).to(tl.uint32)
-    write_base = ck_ptr + target * ck_slot + head * ck_head
-    xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
-    x_base = x_ptr + row * x_b + head * x_h
-    args = (
-        read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
-        C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
-        ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
-        pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
-        weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element, s_pre,
-    )  # fmt: skip
-    if flush:  # rows that rewrite their checkpoint
-        _tiles(*args, T, TP, RING, M, P, N, BLOCK_P, TILES, 0, True, PREFETCH, STOCHASTIC, PHILOX_ROUNDS)
-    else:  # the others read the checkpoint only, their tile loads pipelined
-        _tiles(*args, T, TP, RING, M, P, N, BLOCK_P, TILES, STAGES, False, PREFETCH, STOCHASTIC, PHILOX_ROUNDS)
-
     # the new tokens' d, a and B join the ring (one program of the head, of the group)
     if append & (pid_p == 0):
         tl.store(d_base + ring_row, d_m, mask=in_new)
         tl.store(a_base + ring_row, a_m, mask=in_new)
         if head % HEADS_PER_GROUP == 0:
-            tl.store(Br_base + ring_row[:, None] * N + offs_n[None, :], B_new, mask=in_new[:, None] & mask_n[None, :])
+            tl.store(
+                Br_base + ring_row[:, None] * N + offs_n[None, :],
+                B_new,
+                mask=in_new[:, None] & mask_n[None, :],
+            )
+
+    seed = 0
+    if STOCHASTIC:
+        seed = tl.load(seed_ptr)
+    element = (target * 65599 + head * P * N).to(tl.uint32)
+    read_base = ck_ptr + safe * ck_slot + head * ck_head
+    write_base = ck_ptr + target * ck_slot + head * ck_head
+    xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
+    x_base = x_ptr + row * x_b + head * x_h
+    state_rows = tl.where(valid, P, 0)
+    args = (
+        read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
+        C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+        ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
+        pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
+        weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
+    )  # fmt: skip
+    if flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
+        _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
+    else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
+        _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
 
     # cursors: the last program of a row whose cursors change writes them
     if SPECULATIVE:
@@ -312,52 +306,55 @@ def _tiles(
     has_z,
     seed,
     element,
-    s_pre,
     T: tl.constexpr,
     TP: tl.constexpr,
     RING: tl.constexpr,
-    M: tl.constexpr,
     P: tl.constexpr,
     N: tl.constexpr,
     BLOCK_P: tl.constexpr,
     TILES: tl.constexpr,
     STAGES: tl.constexpr,
     FOLD: tl.constexpr,
-    PREFETCH: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
 ):
-    """The program's ``TILES`` tiles of ``BLOCK_P`` rows: each tile's outputs from the checkpoint
-    tile and the ring rows (the new tokens' x appended to the ring); with ``FOLD`` the tile
-    advanced by the first ``fold`` positions, token by token in fp32 (each token's x and B
-    prefetched while the one before is applied), and stored, rounded, at ``write_base``. C is
-    loaded in the tile's own layout (each lane loads the columns it multiplies; repeats hit L1)
-    and the ring weights are laid out once before the loop, so that the read-only pass moves
-    nothing through shared memory but its pipelined tile loads."""
+    """The program's tiles: each tile's outputs from the checkpoint tile and the ring rows (the
+    new tokens' x appended to the ring); with ``FOLD`` the first ``fold`` positions applied to
+    the tile one by one and the tile stored, rounded, at ``write_base``."""
     rows = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TP)
-    zero_tile = 0 * rows[:, None] + 0 * offs_n[None, :]  # (rows, N) offsets: a vector loaded per row
     w0 = tl.sum(tl.where(offs_t[None, :] == 0, weights, 0.0), axis=1)
     decay0 = tl.sum(tl.where(offs_t == 0, decays, 0.0), axis=0)
-    w0_tile = tl.broadcast_to(w0[None, :], (BLOCK_P, M))  # made once, in the layout of the tiles' x rows
     for i in tl.range(0, TILES, num_stages=STAGES):
         offs_p = (pid_p * TILES + i) * BLOCK_P + rows
         mask_p = offs_p < P
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        if PREFETCH:  # the program's one tile, loaded before the ring's rows
-            s0 = s_pre.to(tl.float32)
-        else:
-            s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0)
-            s0 = s0.to(tl.float32)
+        s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
         ring_mask = mask_p[:, None] & in_ring[None, :]
         new_mask = mask_p[:, None] & in_new[None, :]
         X_ring = tl.load(xr_base + ring_row[None, :] * P + offs_p[:, None], mask=ring_mask, other=0.0)
         X_new = tl.load(x_base + tok[None, :] * x_t + offs_p[:, None] * x_p, mask=new_mask, other=0.0)
-        X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (rows, M): rows of the tile, positions
-        tile_mask = mask_p[:, None] & mask_n[None, :]
+        if append:
+            tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
+        X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (BLOCK_P, M): rows of the tile, positions
+        for t in tl.static_range(T):
+            C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            if T == 1:
+                w = w0
+                decay = decay0
+            else:
+                w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
+                decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
+            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w[None, :], axis=1)
+            if has_d:
+                y += d_skip * tl.sum(tl.where(offs_m[None, :] == k + t, X, 0.0), axis=1)
+            if has_z:
+                zv = tl.load(z_base + t * z_t + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+                y = y * zv * tl.sigmoid(zv)
+            tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
         if FOLD:
             s = s0
-            for j in tl.range(0, fold, num_stages=2):  # each token's x and B prefetched during the one before
+            for j in range(0, fold):
                 in_r = j < k
                 r = (start + j) % RING
                 x_j = tl.load(
@@ -373,27 +370,8 @@ def _tiles(
                 d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
                 a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
                 s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
-        for t in tl.static_range(T):
-            C_tile = tl.load(C_row + t * C_t + offs_n[None, :] * C_n + zero_tile, mask=tile_mask, other=0.0)
-            if T == 1:
-                ring_part = tl.sum(X * w0_tile, axis=1)
-                decay = decay0
-            else:
-                w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
-                ring_part = tl.sum(X * w[None, :], axis=1)
-                decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
-            y = decay * tl.sum(s0 * C_tile.to(tl.float32), axis=1) + ring_part
-            if has_d:
-                y += d_skip * tl.sum(tl.where(offs_m[None, :] == k + t, X, 0.0), axis=1)
-            if has_z:
-                zv = tl.load(z_base + t * z_t + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
-                y = y * zv * tl.sigmoid(zv)
-            tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
-        if append:
-            tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
-        if FOLD:
             stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-            tl.store(write_base + tile, stored, mask=tile_mask)
+            tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])

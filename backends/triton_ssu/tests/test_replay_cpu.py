@@ -198,7 +198,7 @@ def test_default_plans_and_cached_plans():
     for bad in ({"k": {"plan": [8, 2]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v4 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v5 W15" in key and "batch 64" in key and "|T1|" in key
     assert len(replay_engine.candidate_shapes(p)) >= 4
 
 
