@@ -6,6 +6,7 @@ from __future__ import annotations
 FIRST_PARTY = {
     "reference": "ssu-core",
     "triton": "ssu-backend-triton",
+    "triton-replay": "ssu-backend-triton",
     "flashinfer": "ssu-backend-flashinfer",
     "flashinfer-replayssm": "ssu-backend-flashinfer-replayssm",
 }

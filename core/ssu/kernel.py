@@ -161,8 +161,9 @@ class Kernel:
     def sync(self, state: State, slots=None) -> None:
         """Make the engine's tensors of an adopted ``state`` hold the logical state of ``slots``
         (every slot when None): needed only by backends that keep more than the logical state
-        between steps (the built-in reference, triton and flashinfer backends keep the engine's
-        tensor current after every step and commit, so this only checks)."""
+        between steps (:attr:`needs_sync`; triton-replay's rings are folded in here). The
+        reference, triton and flashinfer backends keep the engine's tensor current after every
+        step and commit, so this only checks."""
         self.check()
         self._checker.state(state, 0)
         if slots is not None:
