@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import load_tile, row_inputs, token_inputs, update_rows
+from .tiles import load_tile, row_inputs, row_slots, token_inputs, update_rows
 
 
 @triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "has_d", "has_z", "has_dt_bias", "softplus"])
@@ -123,20 +123,9 @@ def ssu_kernel(
     row = tl.program_id(2)
     group = head // HEADS_PER_GROUP
 
-    slot = tl.load(slots_ptr + row).to(tl.int64)
-    valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
-    if HAS_DST:
-        dst = tl.load(dst_ptr + row).to(tl.int64)
-        dst_valid = valid & (dst >= 0) & (dst < num_slots) & (dst != pad_slot_id)  # a pad row writes nothing
-    else:
-        dst = slot
-        dst_valid = valid
-    if (pid_p == 0) & (head == 0):  # one program of the row records an id outside the cache
-        if ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id):
-            tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (slot & 0xFFFFFFFF))
-        if HAS_DST:
-            if ((dst < 0) | (dst >= num_slots)) & (dst != pad_slot_id):
-                tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (1 << 32) | (dst & 0xFFFFFFFF))
+    slot, valid, dst, dst_valid = row_slots(
+        slots_ptr, dst_ptr, faults_ptr, row, (pid_p == 0) & (head == 0), pad_slot_id, num_slots, HAS_DST
+    )
     safe_slot = tl.where(valid, slot, 0)
     state_rows = tl.where(valid, P, 0)
     write_rows = tl.where(dst_valid, P, 0)

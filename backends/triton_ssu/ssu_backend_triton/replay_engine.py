@@ -277,25 +277,7 @@ class ReplayLauncher:
         for plan in plans:
 
             def run(plan=plan, s=None, i=None, o=None, a=None):
-                launch(
-                    state.views[0],
-                    i.x,
-                    i.dt,
-                    i.A,
-                    i.B,
-                    i.C,
-                    s,
-                    i.D,
-                    i.z,
-                    i.dt_bias,
-                    i.dt_softplus,
-                    o,
-                    self.seed,
-                    None,
-                    record,
-                    consts,
-                    plan,
-                )
+                self.run_scratch(state, plan, s, i, o, record, consts)
                 if p.speculative:
                     commit(
                         state.buffers["count"],
@@ -321,6 +303,14 @@ class ReplayLauncher:
                 best = (plan, us)
         return best
 
+    def run_scratch(self, state, plan, slots, inputs, out, record, consts, dst_slots=None) -> None:
+        """One launch of ``plan`` on layer 0 of a scratch state, with its own fault record."""
+        i = inputs
+        launch(
+            state.views[0], i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, i.dt_softplus, out, self.seed,
+            dst_slots, record, consts, plan,
+        )  # fmt: skip
+
     def compile_all(self) -> None:
         """Compile every plan of the table for int32 and int64 slots (on scratch), so that a CUDA
         graph captured afterwards compiles nothing."""
@@ -341,25 +331,7 @@ class ReplayLauncher:
             destinations = [None] if p.speculative else [None, slots]  # one-token steps may name destinations
             for plan in sorted(set(c for c in self.table if c is not None)):
                 for dst in destinations:
-                    launch(
-                        state.views[0],
-                        i.x,
-                        i.dt,
-                        i.A,
-                        i.B,
-                        i.C,
-                        slots,
-                        i.D,
-                        i.z,
-                        i.dt_bias,
-                        i.dt_softplus,
-                        out,
-                        self.seed,
-                        dst,
-                        record,
-                        consts,
-                        plan,
-                    )
+                    self.run_scratch(state, plan, slots, i, out, record, consts, dst)
         if p.device_type == "cuda":
             torch.cuda.synchronize()
 

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ssu.slot_kernels import _commit_rows
 
-from .tiles import rounded_state, softplus_dt
+from .tiles import rounded_state, row_slots, softplus_dt
 
 
 @triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
@@ -133,20 +133,9 @@ def replay_kernel(
     group = head // HEADS_PER_GROUP
     H = tl.num_programs(1)
 
-    slot = tl.load(slots_ptr + row).to(tl.int64)
-    valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
-    if HAS_DST:
-        dst = tl.load(dst_ptr + row).to(tl.int64)
-        dst_ok = valid & (dst >= 0) & (dst < num_slots) & (dst != pad_slot_id)
-    else:
-        dst = slot
-        dst_ok = valid
-    if (pid_p == 0) & (head == 0):  # one program of the row records an id outside the cache
-        if ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id):
-            tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (slot & 0xFFFFFFFF))
-        if HAS_DST:
-            if ((dst < 0) | (dst >= num_slots)) & (dst != pad_slot_id):
-                tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (1 << 32) | (dst & 0xFFFFFFFF))
+    slot, valid, dst, dst_ok = row_slots(
+        slots_ptr, dst_ptr, faults_ptr, row, (pid_p == 0) & (head == 0), pad_slot_id, num_slots, HAS_DST
+    )
     safe = tl.where(valid, slot, 0)
     start = tl.load(start_ptr + safe, mask=valid, other=0)
     k = tl.load(count_ptr + safe, mask=valid, other=0)

@@ -9,6 +9,30 @@ import triton.language as tl
 
 
 @triton.jit
+def row_slots(slots_ptr, dst_ptr, faults_ptr, row, recorder, pad_slot_id, num_slots, HAS_DST: tl.constexpr):
+    """The slot row ``row`` reads and the one it writes (``dst_ptr``'s with ``HAS_DST``), and
+    whether each names a slot of the cache: a pad row, or an id outside the cache, reads a zero
+    state and writes none; one whose destination is either writes none. The ``recorder`` program
+    of the row records ids outside the cache in the fault record (:mod:`ssu.faults`).
+    Returns (slot, valid, dst, dst_valid)."""
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
+    if HAS_DST:
+        dst = tl.load(dst_ptr + row).to(tl.int64)
+        dst_valid = valid & (dst >= 0) & (dst < num_slots) & (dst != pad_slot_id)  # a pad row writes nothing
+    else:
+        dst = slot
+        dst_valid = valid
+    if recorder:
+        if ((slot < 0) | (slot >= num_slots)) & (slot != pad_slot_id):
+            tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (slot & 0xFFFFFFFF))
+        if HAS_DST:
+            if ((dst < 0) | (dst >= num_slots)) & (dst != pad_slot_id):
+                tl.atomic_min(faults_ptr, (row.to(tl.int64) << 34) | (1 << 32) | (dst & 0xFFFFFFFF))
+    return slot, valid, dst, dst_valid
+
+
+@triton.jit
 def softplus_dt(d, softplus):
     """dt after bias and, where ``softplus`` is set, softplus (log(1 + e^d), d itself above 20), in fp32."""
     return tl.where(softplus & (d <= 20.0), tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))), d)

@@ -4,9 +4,6 @@ processes, stochastic rounding. Skipped without CUDA (``-m gpu`` selects these).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -18,6 +15,8 @@ from ssu import oracle
 from ssu.conformance import run_on
 from ssu.harness import compare_with_reference, seeded_states, stochastic_rounding_bias
 from ssu.inputs import layer_weights, step_inputs
+
+from triton_helpers import run_twice
 
 pytestmark = pytest.mark.gpu
 
@@ -133,18 +132,8 @@ SECOND_PROCESS = textwrap.dedent("""
 
 
 def test_tuned_plans_reused_by_a_second_process(tmp_path):
-    env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(tmp_path / "tuning.json"))
-
-    def process():
-        return subprocess.run(
-            [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600
-        )
-
-    first = process()
-    assert first.returncode == 0, first.stderr
+    first, second = run_twice(SECOND_PROCESS, tmp_path / "tuning.json")
     assert "candidates" in first.stderr
-    second = process()
-    assert second.returncode == 0, second.stderr
     assert "candidates" not in second.stderr and "from " in second.stderr
     assert first.stdout.split("TABLE")[1] == second.stdout.split("TABLE")[1]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import ssu
 from ssu_backend_triton import tuning
 
-from triton_helpers import DEVICE, compare_steps
+from triton_helpers import DEVICE, compare_steps, compiled_step_matches_reference
 
 
 def problem(**fields):
@@ -309,39 +309,7 @@ def test_ranks_tuning_at_once_keep_every_entry(tmp_path):
 
 def test_torch_compile_custom_op(gen):
     """The step inside torch.compile goes through torch.ops.ssu_triton.step (fake impl traced)."""
-    from ssu.inputs import pick_slots, step_inputs
-
-    p = problem()
-    kernel = ssu.open(ssu.Config(backend="triton", validate=False), p)
-    reference = ssu.open(ssu.Config(backend="reference"), p)
-    ts, rs = kernel.allocate_state(), reference.allocate_state()
-    slots = pick_slots(p, 3, gen)
-    inputs = step_inputs(p, slots, gen).kwargs()
-    out = torch.empty_like(inputs["x"])
-
-    def layer(x, dt, B, C, z):
-        kernel.step(
-            ts,
-            x,
-            dt,
-            inputs["A"],
-            B,
-            C,
-            slots,
-            D=inputs["D"],
-            z=z,
-            dt_bias=inputs["dt_bias"],
-            dt_softplus=True,
-            out=out,
-        )
-        return out * 2
-
-    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
-    compiled = torch.compile(layer, backend=backend, fullgraph=True)
-    got = compiled(inputs["x"], inputs["dt"], inputs["B"], inputs["C"], inputs["z"])
-    want = reference.step(rs, **inputs) * 2
-    assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    assert torch.allclose(kernel.read_state(ts, slots), reference.read_state(rs, slots), rtol=1e-4, atol=1e-5)
+    compiled_step_matches_reference("triton", problem(), gen)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

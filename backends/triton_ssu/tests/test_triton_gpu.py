@@ -3,10 +3,7 @@ processes, stochastic rounding. Skipped without CUDA (``-m gpu`` selects these).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import attrs
@@ -17,7 +14,7 @@ import ssu
 from ssu.conformance import run_on
 from ssu.harness import stochastic_rounding_bias
 
-from triton_helpers import compare_steps, launch_layer, seeded_states
+from triton_helpers import compare_steps, launch_layer, run_twice, seeded_states
 
 pytestmark = pytest.mark.gpu
 
@@ -82,18 +79,8 @@ SECOND_PROCESS = textwrap.dedent("""
 
 
 def test_tuning_cache_reused_by_a_second_process(tmp_path):
-    env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(tmp_path / "tuning.json"))
-
-    def process():
-        return subprocess.run(
-            [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600
-        )
-
-    first = process()
-    assert first.returncode == 0, first.stderr
+    first, second = run_twice(SECOND_PROCESS, tmp_path / "tuning.json")
     assert "tuned Schedule(" in first.stderr
-    second = process()
-    assert second.returncode == 0, second.stderr
     assert "us (" not in second.stderr and "from " in second.stderr
     assert first.stdout.split("TABLE")[1] == second.stdout.split("TABLE")[1]
 

@@ -78,3 +78,58 @@ def launch_layer(
         consts,
         Schedule(block_p, num_warps, tiles, stages, maxnreg, pdl, branchless),
     )
+
+
+def compiled_step_matches_reference(backend, problem, gen, options=None):
+    """A step inside a ``torch.compile``-d function (the backend's custom op, traced through its
+    fake implementation) against the reference: outputs and states. Returns the kernel, its
+    state and the slots."""
+    import ssu
+    from ssu.inputs import pick_slots, step_inputs
+
+    kernel = ssu.open(ssu.Config(backend=backend, validate=False, backends={backend: options or {}}), problem)
+    reference = ssu.open(ssu.Config(backend="reference"), problem)
+    ts, rs = kernel.allocate_state(), reference.allocate_state()
+    slots = pick_slots(problem, 3, gen)
+    inputs = step_inputs(problem, slots, gen).kwargs()
+    out = torch.empty_like(inputs["x"])
+
+    def layer(x, dt, B, C, z):
+        kernel.step(
+            ts,
+            x,
+            dt,
+            inputs["A"],
+            B,
+            C,
+            slots,
+            D=inputs["D"],
+            z=z,
+            dt_bias=inputs["dt_bias"],
+            dt_softplus=True,
+            out=out,
+        )
+        return out * 2
+
+    compiled = torch.compile(layer, backend="inductor" if DEVICE == "cuda" else "aot_eager", fullgraph=True)
+    got = compiled(inputs["x"], inputs["dt"], inputs["B"], inputs["C"], inputs["z"])
+    want = reference.step(rs, **inputs) * 2
+    assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert torch.allclose(kernel.read_state(ts, slots), reference.read_state(rs, slots), rtol=1e-4, atol=1e-5)
+    return kernel, ts, slots
+
+
+def run_twice(script: str, cache, timeout: int = 600):
+    """``script`` in two fresh Python processes sharing the Triton tuning cache file ``cache``:
+    returns both completed processes (each checked to have exited 0)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SSU_TRITON_TUNING_CACHE=str(cache))
+    runs = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+        assert run.returncode == 0, run.stderr
+        runs.append(run)
+    return runs
