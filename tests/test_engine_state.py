@@ -271,3 +271,9 @@ def test_dropin_forgets_a_cache_the_engine_dropped(gen):
     del cache
     gc.collect()
     assert len(ssu.dropin._adopted) == 0
+
+
+def test_needs_sync_says_whether_the_engine_tensor_is_current():
+    """The reference keeps the engine's tensor current after every step: nothing to sync."""
+    p = ssu.Problem(nheads=2, headdim=4, dstate=8, ngroups=1, num_slots=4, max_batch=2, engine_state=True)
+    assert not ssu.open(ssu.Config(backend="reference"), p).needs_sync

@@ -165,3 +165,24 @@ def test_explain_never_raises(site):
     resolution = explain(ssu.Config(backend=["nogpu", "broken"]), small_problem(), site.registry())
     assert resolution.selected is None
     assert "nogpu" in resolution.explain() and "broken" in resolution.explain()
+
+
+NOTED_BACKEND = (
+    good_backend("noted")
+    + """
+
+@ssu.hookimpl
+def ssu_supports(problem, options):
+    return ssu.Verdict.accept(f"adds {problem.nheads} KiB a slot")
+"""
+)
+
+
+def test_notes_of_an_accepting_verdict_are_explained(fake_site):
+    fake_site.add("ssu-backend-noted", {"noted": "r_noted"}, modules={"r_noted": NOTED_BACKEND})
+    registry = fake_site.registry()
+    kernel = open_with(registry, "noted")
+    assert "-> noted: selected: adds 4 KiB a slot" in kernel.explain()
+    others = explain(ssu.Config(backend="reference"), small_problem(), registry).explain()
+    assert "noted: not requested: would serve this problem; adds 4 KiB a slot" in others
+    assert ssu.Verdict.accept().ok and ssu.Verdict.accept() == ssu.ACCEPT

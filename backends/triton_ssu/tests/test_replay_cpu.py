@@ -143,6 +143,7 @@ def test_adopted_caches_sync_and_destinations(pad_id, T, gen):
 def test_sync_folds_the_ring_into_the_engine_tensor(gen):
     p = problem(engine_state=True)
     kernel = opened(p, max_window=4, window=4)
+    assert kernel.needs_sync
     cache = torch.randn(p.num_slots, p.nheads, p.headdim, p.dstate, device=DEVICE)
     state = kernel.adopt_state(cache)
     slots = torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
