@@ -70,7 +70,8 @@ def test_two_backends_install_from_the_wheels_alone_and_are_listed(wheels, tmp_p
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     listed = json.loads(run(python, "-m", "ssu", "backends", "--json", "--device", "cpu", cwd=tmp_path, env=env).stdout)
     found = {b["name"]: b for b in listed["backends"]}
-    assert set(found) == {"reference", "triton", "flashinfer"}
-    assert found["triton"]["distribution"] == "ssu-backend-triton" and found["triton"]["status"] == "unavailable"
+    assert set(found) == {"reference", "triton", "triton-replay", "flashinfer"}
+    for name in ("triton", "triton-replay"):  # one distribution, two entry points
+        assert found[name]["distribution"] == "ssu-backend-triton" and found[name]["status"] == "unavailable"
     assert found["flashinfer"]["distribution"] == "ssu-backend-flashinfer"
     assert str(ROOT) not in run(python, "-c", "import ssu; print(ssu.__file__)", cwd=tmp_path, env=env).stdout
