@@ -16,35 +16,11 @@ from ssu.conformance import run_on
 from ssu.harness import compare_with_reference, seeded_states, stochastic_rounding_bias
 from ssu.inputs import layer_weights, step_inputs
 
-from triton_helpers import run_twice
+from triton_helpers import SHAPES, cuda_problem, run_twice
 
 pytestmark = pytest.mark.gpu
 
 NAME = "triton-replay"
-SHAPES = {  # (H, P, N, G) of docs/spec.md's models, plus N = 96
-    "nemotron-h-8b": (128, 64, 128, 8),
-    "nemotron-nano-9b-v2": (128, 80, 128, 8),
-    "nemotron-h-56b": (256, 64, 256, 8),
-    "granite-4.0-h": (128, 64, 128, 1),
-    "n96": (64, 64, 96, 8),
-}
-
-
-def cuda_problem(shape="nemotron-h-8b", **fields):
-    H, P, N, G = SHAPES[shape]
-    base = dict(
-        nheads=H,
-        headdim=P,
-        dstate=N,
-        ngroups=G,
-        state_dtype="fp32",
-        input_dtype="bf16",
-        num_slots=96,
-        max_batch=64,
-        device="cuda",
-    )
-    base.update(fields)
-    return ssu.Problem(**base)
 
 
 def opened(p, **options):

@@ -14,34 +14,9 @@ import ssu
 from ssu.conformance import run_on
 from ssu.harness import stochastic_rounding_bias
 
-from triton_helpers import compare_steps, launch_layer, run_twice, seeded_states
+from triton_helpers import SHAPES, compare_steps, cuda_problem, launch_layer, run_twice, seeded_states
 
 pytestmark = pytest.mark.gpu
-
-SHAPES = {  # (H, P, N, G) of docs/spec.md's models, plus N = 96
-    "nemotron-h-8b": (128, 64, 128, 8),
-    "nemotron-nano-9b-v2": (128, 80, 128, 8),
-    "nemotron-h-56b": (256, 64, 256, 8),
-    "granite-4.0-h": (128, 64, 128, 1),
-    "n96": (64, 64, 96, 8),
-}
-
-
-def cuda_problem(shape="nemotron-h-8b", **fields):
-    H, P, N, G = SHAPES[shape]
-    base = dict(
-        nheads=H,
-        headdim=P,
-        dstate=N,
-        ngroups=G,
-        state_dtype="fp32",
-        input_dtype="bf16",
-        num_slots=96,
-        max_batch=64,
-        device="cuda",
-    )
-    base.update(fields)
-    return ssu.Problem(**base)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

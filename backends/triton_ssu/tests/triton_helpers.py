@@ -9,6 +9,34 @@ from ssu.harness import compare_with_reference, open_pair, seeded_states  # noqa
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
+SHAPES = {  # (H, P, N, G) of docs/spec.md's models, plus N = 96
+    "nemotron-h-8b": (128, 64, 128, 8),
+    "nemotron-nano-9b-v2": (128, 80, 128, 8),
+    "nemotron-h-56b": (256, 64, 256, 8),
+    "granite-4.0-h": (128, 64, 128, 1),
+    "n96": (64, 64, 96, 8),
+}
+
+
+def cuda_problem(shape="nemotron-h-8b", **fields):
+    """A problem of one of :data:`SHAPES` on the GPU (fp32 state, bf16 inputs unless given)."""
+    import ssu
+
+    H, P, N, G = SHAPES[shape]
+    base = dict(
+        nheads=H,
+        headdim=P,
+        dstate=N,
+        ngroups=G,
+        state_dtype="fp32",
+        input_dtype="bf16",
+        num_slots=96,
+        max_batch=64,
+        device="cuda",
+    )
+    base.update(fields)
+    return ssu.Problem(**base)
+
 
 def compare_steps(problem, gen, *, kernel_options=None, **kwargs):
     """The triton backend against the reference (see ``ssu.harness.compare_with_reference``)."""
