@@ -110,7 +110,7 @@ class ReplayLauncher:
     def fully_pinned(self) -> bool:
         """Whether the options fix the launch shape and the window (nothing to tune)."""
         o = self.options
-        return bool(o.block_p and o.num_warps) and o.window >= 0
+        return self.pinned(1) is not None and o.window >= 0
 
     def pinned(self, bucket: int) -> Optional[Plan]:
         """The plan the options pin for ``bucket``, or None."""
@@ -128,9 +128,7 @@ class ReplayLauncher:
         o = self.options
         if o.window >= 0:
             plan = plan._replace(window=o.window)
-        plan = plan._replace(
-            window=min(plan.window, o.max_window), pdl=int(self.pdl and bool(plan.pdl or o.programmatic_launch))
-        )
+        plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan
 
@@ -221,14 +219,12 @@ class ReplayLauncher:
         path = tuning.cache_path(o.tuning_cache)
         cached = tuning.read_cache(path)
         fresh = {}
+        if self.fully_pinned():
+            return fresh
         windows = [o.window] if o.window >= 0 else sorted({0, o.max_window})
-        if o.block_p and o.num_warps:
-            shapes = [self.pinned(1)[:4]]
-        else:
-            shapes = candidate_shapes(p)
         for bucket in tuning.buckets(p.max_batch):
-            if self.fully_pinned():
-                continue
+            pin = self.pinned(bucket)
+            shapes = [pin[:4]] if pin is not None else candidate_shapes(p)
             plan = cached_plan(cached, self.cache_key(bucket))
             if plan is not None:
                 self.set_bucket(bucket, plan)

@@ -3,9 +3,10 @@ on another slot set so that the L2 stays cold, the median of the replays.
 
 With several tokens per step (speculative) a timed launch is a whole decode step of a one-layer
 group: the step and the commit, with realistic acceptance (each draft kept with probability 0.7).
-ReplaySSM's slots start at random points of their window (a running server), so that the time is
-the amortised one over a long decode. ``adopt`` times steps on an engine's adopted cache (a view
-with twice a slot's stride) instead of a backend-owned state.
+The slots of a checkpoint-and-ring backend (flashinfer-replayssm, triton-replay) start at random
+points of their window (a running server), so that the time is the amortised one over a long decode.
+``adopt`` times steps on an engine's adopted cache (a view with twice a slot's stride) instead of a
+backend-owned state.
 """
 
 from __future__ import annotations
@@ -92,10 +93,16 @@ def _staggered_cursors(state, problem, options, gen) -> None:
     W = getattr(options, "max_window", 15)
     L = W + problem.tokens_per_step
     S = problem.num_slots
-    device = state.buffers["pnat"].device
-    state.buffers["ring_start"][:S] = torch.randint(0, L, (S,), generator=gen, dtype=torch.int32).to(device)
-    state.buffers["pnat"][:S] = torch.randint(0, W + 1, (S,), generator=gen, dtype=torch.int32).to(device)
-    state.buffers["dt_cache"].abs_().mul_(0.1)
+    buf = state.buffers
+    if "pnat" in buf:  # flashinfer-replayssm: cursors shared by the group
+        start, count, d = buf["ring_start"][:S], buf["pnat"][:S], buf["dt_cache"]
+    else:  # triton-replay: cursors per layer, and the ring's log decays beside d
+        start, count, d = buf["start"][..., :S], buf["count"][..., :S], buf["d_ring"]
+    start.copy_(torch.randint(0, L, start.shape, generator=gen, dtype=torch.int32))
+    count.copy_(torch.randint(0, W + 1, count.shape, generator=gen, dtype=torch.int32))
+    d.abs_().mul_(0.1)
+    if "a_ring" in buf:
+        torch.neg(d, out=buf["a_ring"])
 
 
 def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, timer: Optional[Callable] = None) -> Row:
@@ -145,7 +152,7 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
         for buf in state.buffers.values():
             if buf.is_floating_point():
                 buf.normal_()
-        if "pnat" in state.buffers:
+        if "pnat" in state.buffers or "count" in state.buffers:
             _staggered_cursors(state, problem, kernel.options, gen)
     weights = layer_weights(problem, gen)
     perm = torch.randperm(problem.num_slots, generator=gen).to(torch.int32).to(device)
