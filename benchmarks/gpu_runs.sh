@@ -4,7 +4,7 @@
 #   source .device/prelude.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
-# verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, hf.
+# verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, hf.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -34,12 +34,14 @@ for stage in "$@"; do
       2>&1 | grep -v '^\[ssu' | tee "$OUT/gpu-tests-replay.log" | tail -40 ;;
     verify-replay) timeout 560 python3 -m ssu verify --backend triton-replay --device cuda --profile quick 2>&1 \
       | grep -v '^\[ssu' | tee "$OUT/verify-replay.log" | tail -40 ;;
-    bench-replay) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --batches 1,8,32,128,256,512,1024 \
+    bench-replay) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,256,512,1024}" \
       --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay" 2>&1 | grep -v '^\[ssu' \
       | tee "$OUT/bench-replay.log" | tail -70 ;;
     bench-replay-t4) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches 1,8,32,128,512 \
       --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay-t4" 2>&1 | grep -v '^\[ssu' \
       | tee "$OUT/bench-replay-t4.log" | tail -40 ;;
+    probe) timeout 300 python3 benchmarks/replay_probe.py --state-dtype fp32,bf16 --batches 1024 \
+      --plans 8:1:8:4,8:1:8:4:4,8:1:8:4:16 --regimes ring,mixed,flush 2>&1 | tee "$OUT/probe.log" ;;
     verify-triton) timeout 420 python3 -m ssu verify --backend triton --device cuda --profile default 2>&1 \
       | grep -v '^\[ssu' | tee "$OUT/verify-triton.log" | tail -40 ;;
     verify-flashinfer) timeout 400 python3 -m ssu verify --backend flashinfer --device cuda --profile smoke 2>&1 \

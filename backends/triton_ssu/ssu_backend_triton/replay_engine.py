@@ -56,11 +56,28 @@ def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
     return sorted(set(out))
 
 
+def fold_heads_choices(problem, options) -> list[int]:
+    """Heads per program of the fold kernel worth timing (divisors of the heads per group): one,
+    four and up to sixteen, or the ``fold_heads`` option; none for steps of several tokens."""
+    p = problem
+    if p.speculative or p.tokens_per_step != 1 or options.fold_heads == 0:
+        return []
+    if options.fold_heads > 0:
+        return [options.fold_heads]
+    widest = max(h for h in range(1, 17) if p.heads_per_group % h == 0)
+    return sorted({h for h in (1, 4) if p.heads_per_group % h == 0} | {widest})
+
+
+def fold_plans(problem, options, plan: Plan, windows) -> list[Plan]:
+    """``plan``'s launch shape with the fold kernel, for each window above 0 and each heads choice."""
+    return [plan._replace(window=w, fold=h) for w in windows if w > 0 for h in fold_heads_choices(problem, options)]
+
+
 def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str) -> str:
     """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window."""
     p = problem
     return (
-        f"{gpu}|triton {triton_version}|replay v5 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v6 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if options.stochastic_rounding else ''}|batch {bucket}"
     )
@@ -128,6 +145,8 @@ class ReplayLauncher:
         o = self.options
         if o.window >= 0:
             plan = plan._replace(window=o.window)
+        if o.fold_heads >= 0:
+            plan = plan._replace(fold=o.fold_heads)
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan
@@ -233,6 +252,12 @@ class ReplayLauncher:
             t0 = time.perf_counter()
             plans = [Plan(*shape, window, int(self.pdl)) for shape in shapes for window in windows]
             best = self.time_plans(bucket, plans, log)
+            extra = fold_plans(p, o, best[0], windows) if best is not None else []
+            if extra:  # the fastest shape again, its flushing rows served by the fold kernel
+                plans += extra
+                folded = self.time_plans(bucket, extra, log)
+                if folded is not None and folded[1] < best[1]:
+                    best = folded
             if best is None:
                 log(f"batch {bucket:5d}: every candidate failed; keeping the default")
                 continue

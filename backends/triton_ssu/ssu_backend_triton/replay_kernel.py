@@ -120,6 +120,7 @@ def replay_kernel(
     HAS_DST: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
+    FOLDED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
@@ -151,85 +152,96 @@ def replay_kernel(
         append = owner & (k + T <= window)
     target = tl.where(moved, dst, safe)
 
-    # the sequence of positions: the ring's k tokens, then the step's T
-    offs_m = tl.arange(0, M)
-    in_ring = offs_m < k
-    in_new = (offs_m >= k) & (offs_m < k + T)
-    tok = tl.where(in_new, offs_m - k, 0)
-    ring_row = (start + offs_m) % RING
-    a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
-    bias = 0.0
-    if has_dt_bias:
-        bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
-    d_skip = 0.0
-    if has_d:
-        d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
-    d_new = softplus_dt(
-        tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
-        softplus,
-    )
-    d_base = dr_ptr + safe * dr_slot + head * RING
-    a_base = ar_ptr + safe * dr_slot + head * RING
-    d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
-    a_m = tl.where(in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0))
-    cum = tl.cumsum(a_m, 0)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
-    B_ring = tl.load(
-        Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
-    )
-    B_new = tl.load(
-        B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
-        mask=in_new[:, None] & mask_n[None, :],
-        other=0.0,
-    )
-    B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
+    if FOLDED:  # the fold kernel has served the rows that flush; their programs only move the cursors
+        serve = flush == 0
+    else:
+        serve = flush | True
+    if serve:
+        # the sequence of positions: the ring's k tokens, then the step's T
+        offs_m = tl.arange(0, M)
+        in_ring = offs_m < k
+        in_new = (offs_m >= k) & (offs_m < k + T)
+        tok = tl.where(in_new, offs_m - k, 0)
+        ring_row = (start + offs_m) % RING
+        a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
+        bias = 0.0
+        if has_dt_bias:
+            bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
+        d_skip = 0.0
+        if has_d:
+            d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
+        d_new = softplus_dt(
+            tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
+            softplus,
+        )
+        d_base = dr_ptr + safe * dr_slot + head * RING
+        a_base = ar_ptr + safe * dr_slot + head * RING
+        d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
+        a_m = tl.where(
+            in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0)
+        )
+        cum = tl.cumsum(a_m, 0)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
+        B_ring = tl.load(
+            Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
+        )
+        B_new = tl.load(
+            B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
+            mask=in_new[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
 
-    # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
-    offs_t = tl.arange(0, TP)
-    weights = tl.zeros((M, TP), dtype=tl.float32)
-    decays = tl.zeros((TP,), dtype=tl.float32)
-    for t in tl.static_range(T):
-        C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
-        gram = tl.sum(B_m * C_tok[None, :], axis=1)
-        m = k + t
-        cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
-        w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
-        weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
-        decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
-
-    # the new tokens' d, a and B join the ring (one program of the head, of the group)
-    if append & (pid_p == 0):
-        tl.store(d_base + ring_row, d_m, mask=in_new)
-        tl.store(a_base + ring_row, a_m, mask=in_new)
-        if head % HEADS_PER_GROUP == 0:
-            tl.store(
-                Br_base + ring_row[:, None] * N + offs_n[None, :],
-                B_new,
-                mask=in_new[:, None] & mask_n[None, :],
+        # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
+        offs_t = tl.arange(0, TP)
+        weights = tl.zeros((M, TP), dtype=tl.float32)
+        decays = tl.zeros((TP,), dtype=tl.float32)
+        for t in tl.static_range(T):
+            C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
+                tl.float32
             )
+            gram = tl.sum(B_m * C_tok[None, :], axis=1)
+            m = k + t
+            cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
+            w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
+            weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
+            decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
 
-    seed = 0
-    if STOCHASTIC:
-        seed = tl.load(seed_ptr)
-    element = (target * 65599 + head * P * N).to(tl.uint32)
-    read_base = ck_ptr + safe * ck_slot + head * ck_head
-    write_base = ck_ptr + target * ck_slot + head * ck_head
-    xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
-    x_base = x_ptr + row * x_b + head * x_h
-    state_rows = tl.where(valid, P, 0)
-    args = (
-        read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
-        C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
-        ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
-        pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
-        weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
-    )  # fmt: skip
-    if flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
-        _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
-    else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
-        _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+        # the new tokens' d, a and B join the ring (one program of the head, of the group)
+        if append & (pid_p == 0):
+            tl.store(d_base + ring_row, d_m, mask=in_new)
+            tl.store(a_base + ring_row, a_m, mask=in_new)
+            if head % HEADS_PER_GROUP == 0:
+                tl.store(
+                    Br_base + ring_row[:, None] * N + offs_n[None, :],
+                    B_new,
+                    mask=in_new[:, None] & mask_n[None, :],
+                )
+
+        seed = 0
+        if STOCHASTIC:
+            seed = tl.load(seed_ptr)
+        element = (target * 65599 + head * P * N).to(tl.uint32)
+        read_base = ck_ptr + safe * ck_slot + head * ck_head
+        write_base = ck_ptr + target * ck_slot + head * ck_head
+        xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
+        x_base = x_ptr + row * x_b + head * x_h
+        state_rows = tl.where(valid, P, 0)
+        args = (
+            read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
+            C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+            ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
+            pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
+            weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
+        )  # fmt: skip
+        if FOLDED:  # the rows served here read the checkpoint only
+            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+        elif flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
+            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
+        else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
+            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
 
     # cursors: the last program of a row whose cursors change writes them
     if SPECULATIVE:

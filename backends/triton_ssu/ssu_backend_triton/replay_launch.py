@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -11,14 +12,21 @@ import triton
 from ssu.slot_kernels import pdl_capable
 
 from .launch import _strides
+from .replay_fold import fold_kernel
 from .replay_kernel import replay_kernel, ring_commit_kernel
+
+#: rows of a fold kernel's tile (a matrix product needs at least 16) and its warps
+FOLD_ROWS = 16
+FOLD_WARPS = 4
 
 
 class Plan(NamedTuple):
     """How one step is launched, per batch bucket: ``block_p`` rows of a head per tile,
     ``num_warps`` per program, ``tiles`` per program, the pipeline ``stages`` of a program's loop
     over its tiles (0: not pipelined), the flush ``window`` (ring tokens a step may leave unfolded:
-    0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch)."""
+    0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch), ``fold``: for
+    one-token steps, the heads per program of the fold kernel that serves the rows that flush,
+    launched before the step kernel (0: those rows fold inside the step kernel)."""
 
     block_p: int
     num_warps: int
@@ -26,6 +34,7 @@ class Plan(NamedTuple):
     stages: int = 0
     window: int = 0
     pdl: int = 0
+    fold: int = 0
 
 
 class ReplayConstants(NamedTuple):
@@ -42,8 +51,8 @@ class ReplayConstants(NamedTuple):
 
 def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan):
     """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
-    Returns Triton's handle of the compiled kernel."""
-    block_p, num_warps, tiles, stages, window, pdl = plan
+    Returns Triton's handle of the compiled step kernel."""
+    block_p, num_warps, tiles, stages, window, pdl, fold = plan
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -60,6 +69,73 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
     cks = ck.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(ck.device)
+    folded = bool(fold) and T == 1 and not consts.speculative
+    if folded:
+        heads = math.gcd(fold, consts.heads_per_group)
+        fold_kernel[(H // heads, b)](
+            ck,
+            views.x_ring,
+            views.B_ring,
+            views.d_ring,
+            views.a_ring,
+            views.start,
+            views.count,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            slots,
+            dst_slots if dst_slots is not None else slots,
+            D if D is not None else A,
+            z if z is not None else x,
+            dt_bias if dt_bias is not None else A,
+            out,
+            seed if seed is not None else slots,
+            faults,
+            consts.pad_slot_id,
+            consts.num_slots,
+            window,
+            cks[0],
+            cks[1],
+            cks[2],
+            views.x_ring.stride(0),
+            views.B_ring.stride(0),
+            views.d_ring.stride(0),
+            A.stride(0),
+            0 if D is None else D.stride(0),
+            0 if dt_bias is None else dt_bias.stride(0),
+            xs[0],
+            *xs[2:],
+            dts[0],
+            dts[2],
+            Bs[0],
+            *Bs[2:],
+            Cs[0],
+            *Cs[2:],
+            zs[0],
+            *zs[2:],
+            os_[0],
+            *os_[2:],
+            D is not None,
+            z is not None,
+            dt_bias is not None,
+            bool(dt_softplus),
+            RING=consts.ring,
+            M=max(16, triton.next_power_of_2(consts.ring)),
+            HEADS_PER_GROUP=consts.heads_per_group,
+            HEADS=heads,
+            P=P,
+            N=N,
+            ROWS=FOLD_ROWS,
+            BLOCK_N=max(16, triton.next_power_of_2(N)),
+            HAS_DST=dst_slots is not None,
+            STOCHASTIC=consts.stochastic,
+            PHILOX_ROUNDS=consts.philox_rounds,
+            PDL=pdl,
+            num_warps=FOLD_WARPS,
+            launch_pdl=pdl,
+        )
     return replay_kernel[grid](
         ck,
         views.x_ring,
@@ -119,6 +195,7 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
         HAS_DST=dst_slots is not None,
         STOCHASTIC=consts.stochastic,
         PHILOX_ROUNDS=consts.philox_rounds,
+        FOLDED=folded,
         PDL=pdl,
         num_warps=num_warps,
         launch_pdl=pdl,

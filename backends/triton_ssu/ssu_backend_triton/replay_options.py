@@ -24,7 +24,10 @@ class ReplayOptions:
     ``max_window`` for every batch. ``block_p`` / ``num_warps`` / ``tiles_per_program`` /
     ``loop_stages`` pin the launch shape (0: tuned, or a default per shape): tiles of ``block_p``
     rows of a head, programs of ``num_warps`` warps, each over ``tiles_per_program`` tiles whose
-    loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``programmatic_launch``: the step
+    loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``fold_heads``: for one-token
+    steps, the rows that flush are folded by a kernel of their own launched before the step, with
+    this many heads per program (-1: tuned with the launch shape, off without tuning; 0: never,
+    they fold inside the step kernel). ``programmatic_launch``: the step
     and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
     ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
     of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
@@ -36,6 +39,7 @@ class ReplayOptions:
     num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
+    fold_heads: int = attrs.field(default=-1, validator=in_range(-1, 256))
     programmatic_launch: bool = True
     tuning_cache: Optional[str] = None
     tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))

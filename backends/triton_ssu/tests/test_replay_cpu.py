@@ -5,6 +5,7 @@ destination slots, options and refusals."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -60,16 +61,18 @@ def opened(p, **options):
     block_p=st.sampled_from([0, 2, 4]),
     tiles=st.integers(0, 2),
     stages=st.sampled_from([0, 2]),
+    fold=st.sampled_from([0, 1, 2]),
     pad=st.integers(0, 1),
     options=st.booleans(),
     int64=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_matches_reference(
-    H, G, P, N, state, inp, T, max_window, window, block_p, tiles, stages, pad, options, int64, seed
+    H, G, P, N, state, inp, T, max_window, window, block_p, tiles, stages, fold, pad, options, int64, seed
 ):
     """Drawn shapes, dtypes, tokens, flush windows (0: every step, to the whole ring), launch
-    shapes, pad rows and optional inputs, over a decode that flushes and wraps the ring."""
+    shapes, the fold kernel (or none), pad rows and optional inputs, over a decode that flushes
+    and wraps the ring."""
     gen = torch.Generator().manual_seed(seed)
     p = problem(
         nheads=H,
@@ -83,7 +86,7 @@ def test_matches_reference(
         num_slots=6,
         max_batch=3,
     )
-    pins = {"max_window": max_window, "window": min(window, max_window)}
+    pins = {"max_window": max_window, "window": min(window, max_window), "fold_heads": fold}
     if block_p:
         pins.update(block_p=block_p, num_warps=1, tiles_per_program=tiles, loop_stages=stages)
     compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
@@ -97,12 +100,14 @@ def test_speculative_decode_wraps_the_ring(gen):
     assert int(state.buffers["start"].max()) > 0  # the ring's start moved: flushes happened
 
 
+@pytest.mark.parametrize("fold", [0, 2])
 @pytest.mark.parametrize("window", [0, 1, 3])
-def test_cursors_follow_the_flush_rule(window, gen):
+def test_cursors_follow_the_flush_rule(window, fold, gen):
     """One-token steps: the ring count after each step is the rule's (append while count + 1 <=
-    window, else fold everything), and every program of a row saw the same cursors."""
+    window, else fold everything), with the fold kernel or without, and every program of a row
+    saw the same cursors."""
     p = problem()
-    kernel = opened(p, max_window=3, window=window)
+    kernel = opened(p, max_window=3, window=window, fold_heads=fold)
     state = kernel.allocate_state()
     slots = torch.tensor([1, 5], dtype=torch.int32, device=DEVICE)
     count = 0
@@ -129,15 +134,15 @@ def test_commit_moves_counts_and_copies_no_state(gen):
     assert state.buffers["count"][:, [1, 4]].tolist() == [[3, 1], [3, 1]]
 
 
-@pytest.mark.parametrize("pad_id", [-1, 0])
-@pytest.mark.parametrize("T", [1, 2])
-def test_adopted_caches_sync_and_destinations(pad_id, T, gen):
+@pytest.mark.parametrize(("pad_id", "T", "fold"), [(-1, 1, 0), (0, 1, 1), (-1, 2, 0), (0, 2, 0)])
+def test_adopted_caches_sync_and_destinations(pad_id, T, fold, gen):
     """An engine's cache (a view with a 2x slot stride) as the checkpoints: read_state exact after
-    every step, the engine's tensor current after sync, destination slots, a null block as pad id."""
+    every step, the engine's tensor current after sync, destination slots (folded by the step
+    kernel, or by the fold kernel), a null block as pad id."""
     p = problem(
         tokens_per_step=T, speculative=T > 1, engine_state=True, pad_slot_id=pad_id, num_slots=12, state_dtype="bf16"
     )
-    compare(p, gen, {"max_window": 3}, steps=6, pad=1, layers=2, adopt=True, destinations=T == 1)
+    compare(p, gen, {"max_window": 3, "fold_heads": fold}, steps=6, pad=1, layers=2, adopt=True, destinations=T == 1)
 
 
 def test_sync_folds_the_ring_into_the_engine_tensor(gen):
@@ -195,19 +200,36 @@ def test_default_plans_and_cached_plans():
     assert replay_engine.default_plan(p, options, 8).window == 0
     assert replay_engine.default_plan(p, options, 64).window == options.max_window
     assert replay_engine.default_plan(p, options, 64).block_p * 128 == 1024
-    assert replay_engine.cached_plan({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, "k") == Plan(8, 2, 1, 0, 15, 1)
-    for bad in ({"k": {"plan": [8, 2]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0]}}, {"k": "x"}, {}):
+    assert replay_engine.cached_plan({"k": {"plan": [8, 2, 1, 0, 15, 1, 4]}}, "k") == Plan(8, 2, 1, 0, 15, 1, 4)
+    for bad in ({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v5 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v6 W15" in key and "batch 64" in key and "|T1|" in key
     assert len(replay_engine.candidate_shapes(p)) >= 4
+    assert replay_engine.default_plan(p, options, 64).fold == 0
+
+
+def test_fold_kernel_choices():
+    """The fold kernel is timed for one-token steps only, with heads per program that divide the
+    heads of a group; the ``fold_heads`` option fixes or forbids it."""
+    options = opened(problem()).options
+    p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
+    assert replay_engine.fold_heads_choices(p, options) == [1, 4, 16]
+    assert replay_engine.fold_heads_choices(problem(nheads=24, ngroups=1, device="cpu"), options) == [1, 4, 12]
+    spec = problem(tokens_per_step=2, speculative=True, device="cpu")
+    assert replay_engine.fold_heads_choices(spec, options) == []
+    assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=0)) == []
+    assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
+    plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
+    assert plans == [Plan(8, 1, 8, 4, 15, 1, h) for h in (1, 4, 16)]
 
 
 def test_window_option_pins_every_bucket():
     p = problem(max_batch=64)
-    kernel = opened(p, window=2)
+    kernel = opened(p, window=2, fold_heads=4)
     table = kernel._ctx.memo["launcher"].table
     assert {plan.window for plan in table[1:]} == {2}
+    assert {plan.fold for plan in table[1:]} == {4}
 
 
 def test_torch_compile_custom_op(gen):
