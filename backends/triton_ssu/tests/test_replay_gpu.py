@@ -29,28 +29,31 @@ def opened(p, **options):
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_model_shapes_match_reference(shape, state_dtype, tokens, gen):
-    """Decodes of 12 steps with a window of 5: every slot flushes twice, the ring wraps."""
+@pytest.mark.parametrize(("tokens", "fold"), [(1, 0), (1, 4), (4, 0)])
+def test_model_shapes_match_reference(shape, state_dtype, tokens, fold, gen):
+    """Decodes of 12 steps with a window of 5: every slot flushes twice, the ring wraps; one-token
+    steps with the fold kernel and without."""
     p = cuda_problem(shape, state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
-    compare_with_reference(
-        NAME, p, gen, steps=12, pad=3, layers=2, backend_options={"max_window": 5}, index_dtype=torch.int64
-    )
+    options = {"max_window": 5, "fold_heads": fold}
+    compare_with_reference(NAME, p, gen, steps=12, pad=3, layers=2, backend_options=options, index_dtype=torch.int64)
 
 
+@pytest.mark.parametrize("fold", [0, 16])
 @pytest.mark.parametrize("window", [0, 7, 15])
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-def test_flush_windows_at_model_shapes(window, state_dtype, gen):
+def test_flush_windows_at_model_shapes(window, fold, state_dtype, gen):
     p = cuda_problem(state_dtype=state_dtype, max_batch=48)
-    compare_with_reference(NAME, p, gen, steps=18, pad=2, backend_options={"window": window})
+    compare_with_reference(NAME, p, gen, steps=18, pad=2, backend_options={"window": window, "fold_heads": fold})
 
 
+@pytest.mark.parametrize("fold", [0, 1])
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-def test_long_decode_matches_the_triton_backend(state_dtype, gen):
+def test_long_decode_matches_the_triton_backend(state_dtype, fold, gen):
     """200 one-token steps of the same inputs through both backends: the logical states agree
     within the state dtype's budget (each backend rounds its cache in its own rhythm)."""
     p = cuda_problem(state_dtype=state_dtype, num_slots=40, max_batch=32)
-    kernels = [ssu.open(ssu.Config(backend=name), p) for name in ("triton", NAME)]
+    config = {NAME: {"fold_heads": fold}}
+    kernels = [ssu.open(ssu.Config(backend=name, backends=config), p) for name in ("triton", NAME)]
     states = seeded_states(kernels, p, gen)
     slots = torch.randperm(p.num_slots, generator=gen)[:32].int().cuda()
     weights = layer_weights(p, gen)
@@ -63,11 +66,11 @@ def test_long_decode_matches_the_triton_backend(state_dtype, gen):
     assert oracle.rel_error(got, want) < 4 * budget, oracle.rel_error(got, want)
 
 
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_cuda_graph_capture_and_replay(tokens, gen):
+@pytest.mark.parametrize(("tokens", "fold"), [(1, 0), (1, 4), (4, 0)])
+def test_cuda_graph_capture_and_replay(tokens, fold, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
-    run_on(opened(p), "cuda-graph", gen)
+    run_on(opened(p, fold_heads=fold, window=3), "cuda-graph", gen)
 
 
 @pytest.mark.parametrize("check", ["step", "decode", "guarded-ids", "destinations", "adopted", "bad-inputs"])
