@@ -26,6 +26,10 @@ Flush rules (``window`` W, ``count`` k):
 - a one-token step into another slot (``dst_slots``): everything folded into the destination's
   checkpoint, its ring emptied; the source slot is left as it was.
 
+With ``FOLDED`` (a one-token step whose plan names the fold kernel, :mod:`.replay_fold`, launched
+just before) the rows that flush were folded, stored and answered by that kernel: their programs
+here only move the cursors, and the step kernel is compiled without a fold of its own.
+
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
 (an atomic count per slot and layer) when it is done, and the last program of the row writes the
 new cursors and resets the ticket: no program can see the cursors move under it, and a row whose
