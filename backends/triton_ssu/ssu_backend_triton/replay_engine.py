@@ -74,12 +74,15 @@ def fold_plans(problem, options, plan: Plan, windows) -> list[Plan]:
 
 
 def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str) -> str:
-    """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window."""
-    p = problem
+    """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window,
+    and the launch-shape pins (a plan tuned under pins is never read by a run without them, nor
+    the reverse)."""
+    p, o = problem, options
+    pins = f"|pin {o.block_p}:{o.num_warps}:{o.tiles_per_program}:{o.loop_stages}" if o.block_p or o.num_warps else ""
     return (
-        f"{gpu}|triton {triton_version}|replay v6 W{options.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v6 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
-        f"{' spec' if p.speculative else ''}{' sr' if options.stochastic_rounding else ''}|batch {bucket}"
+        f"{' spec' if p.speculative else ''}{' sr' if o.stochastic_rounding else ''}{pins}|batch {bucket}"
     )
 
 
