@@ -35,6 +35,7 @@ def fold_kernel(
     ar_ptr,
     start_ptr,
     count_ptr,
+    ticket_ptr,
     x_ptr,
     dt_ptr,
     A_ptr,
@@ -61,20 +62,26 @@ def fold_kernel(
     d_h,
     bias_h,
     x_b,
+    x_t,
     x_h,
     x_p,
     dt_b,
+    dt_t,
     dt_h,
     B_b,
+    B_t,
     B_g,
     B_n,
     C_b,
+    C_t,
     C_g,
     C_n,
     z_b,
+    z_t,
     z_h,
     z_p,
     o_b,
+    o_t,
     o_h,
     o_p,
     has_d,
@@ -95,7 +102,7 @@ def fold_kernel(
     PDL: tl.constexpr,
 ):
     """One program per (HEADS heads of a group, batch row); tiles of ROWS rows, M >= 16 positions.
-    Ring buffers of the layer as for ``replay_kernel``."""
+    The arguments are ``replay_kernel``'s (the ticket and the token strides unused: one token)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
     head0 = tl.program_id(0) * HEADS
