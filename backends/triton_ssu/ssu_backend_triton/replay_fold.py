@@ -23,6 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .replay_kernel import flush_rule
 from .tiles import rounded_state, row_slots, softplus_dt
 
 
@@ -112,8 +113,7 @@ def fold_kernel(
     safe = tl.where(valid, slot, 0)
     start = tl.load(start_ptr + safe, mask=valid, other=0)
     k = tl.load(count_ptr + safe, mask=valid, other=0)
-    moved = dst_ok & (dst != slot)
-    flush = moved | (dst_ok & (dst == slot) & (k + 1 > window))  # the step kernel's rule for one token
+    owner, moved, flush, fold, append = flush_rule(slot, dst, dst_ok, k, window, 1, False)  # as the step kernel
     if flush:
         target = tl.where(moved, dst, safe)
         offs_m = tl.arange(0, M)

@@ -47,6 +47,26 @@ from ssu.slot_kernels import _commit_rows
 from .tiles import rounded_state, row_slots, softplus_dt
 
 
+@triton.jit
+def flush_rule(slot, dst, dst_ok, k, window, T: tl.constexpr, SPECULATIVE: tl.constexpr):
+    """The flush rule of a row whose ring holds ``k`` tokens (module docstring): whether the row's
+    own slot takes the step (``owner``), whether it is a one-token step into another slot
+    (``moved``), whether the checkpoint is rewritten (``flush``), how many positions are folded
+    (``fold``) and whether the new tokens join the ring (``append``). The step kernel and the fold
+    kernel both decide by it, so that they agree on every row."""
+    owner = dst_ok & (dst == slot)
+    moved = dst_ok & (dst != slot)
+    if SPECULATIVE:
+        flush = owner & (k > 0) & (k + T > window)
+        fold = k
+        append = owner
+    else:
+        flush = moved | (owner & (k + T > window))
+        fold = k + T
+        append = owner & (k + T <= window)
+    return owner, moved, flush, fold, append
+
+
 @triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
 def replay_kernel(
     ck_ptr,
@@ -144,16 +164,7 @@ def replay_kernel(
     safe = tl.where(valid, slot, 0)
     start = tl.load(start_ptr + safe, mask=valid, other=0)
     k = tl.load(count_ptr + safe, mask=valid, other=0)
-    owner = dst_ok & (dst == slot)  # the row's own slot takes the step: its ring, cursors, checkpoint
-    moved = dst_ok & (dst != slot)  # a one-token step into another slot: everything folded there
-    if SPECULATIVE:
-        flush = owner & (k > 0) & (k + T > window)
-        fold = k
-        append = owner
-    else:
-        flush = moved | (owner & (k + T > window))
-        fold = k + T
-        append = owner & (k + T <= window)
+    owner, moved, flush, fold, append = flush_rule(slot, dst, dst_ok, k, window, T, SPECULATIVE)
     target = tl.where(moved, dst, safe)
 
     if FOLDED:  # the fold kernel has served the rows that flush; their programs only move the cursors
