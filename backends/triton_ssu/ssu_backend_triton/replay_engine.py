@@ -80,7 +80,7 @@ def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str)
     p, o = problem, options
     pins = f"|pin {o.block_p}:{o.num_warps}:{o.tiles_per_program}:{o.loop_stages}" if o.block_p or o.num_warps else ""
     return (
-        f"{gpu}|triton {triton_version}|replay v6 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v7 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if o.stochastic_rounding else ''}{pins}|batch {bucket}"
     )
@@ -288,6 +288,9 @@ class ReplayLauncher:
         scratch_problem = _scratch_problem(p, sets * bucket, bucket)
         state = replay_layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
         randomize(state, self.options, torch.Generator(device="cpu").manual_seed(bucket))
+        # every plan starts from the same staggered cursors: a plan that flushes every step leaves
+        # every ring empty, and the plans timed after it would otherwise flush no row at all
+        cursors = {name: state.buffers[name].clone() for name in ("start", "count")}
         gen = torch.Generator().manual_seed(bucket)
         slot_sets = [
             torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)
@@ -299,6 +302,8 @@ class ReplayLauncher:
         accepted = [torch.ones(bucket, dtype=torch.int32, device=p.device) for _ in slot_sets]
         best = None
         for plan in plans:
+            for name, saved in cursors.items():
+                state.buffers[name].copy_(saved)
 
             def run(plan=plan, s=None, i=None, o=None, a=None):
                 self.run_scratch(state, plan, s, i, o, record, consts)

@@ -15,7 +15,7 @@ import ssu
 from ssu.conformance import run_on
 from ssu.harness import compare_with_reference
 from ssu.inputs import step_inputs
-from ssu_backend_triton import replay_engine
+from ssu_backend_triton import replay_engine, tuning
 from ssu_backend_triton.replay_launch import Plan
 
 from triton_helpers import DEVICE, compiled_step_matches_reference
@@ -204,7 +204,7 @@ def test_default_plans_and_cached_plans():
     for bad in ({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v6 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v7 W15" in key and "batch 64" in key and "|T1|" in key
     pinned = replay_engine.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
     assert pinned != key and "pin 8:0:0:0" in pinned
     assert len(replay_engine.candidate_shapes(p)) >= 4
@@ -224,6 +224,35 @@ def test_fold_kernel_choices():
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
     plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
     assert plans == [Plan(8, 1, 8, 4, 15, 1, h) for h in (1, 4, 16)]
+
+
+def test_every_timed_plan_starts_from_the_same_staggered_cursors(monkeypatch):
+    """Warmup times each plan from the same random cursors: a plan that flushes every step (window
+    0) empties every ring, and a plan timed after it would otherwise flush no row and look cheap."""
+    import ssu.timing
+
+    launcher = opened(problem(max_batch=2))._ctx.memo["launcher"]
+    seen = []
+
+    def run_once(launches, **_):
+        for fn in launches:
+            fn()
+        return float(len(seen))
+
+    def recording(state, plan, *args, **kwargs):
+        seen.append((plan, state.buffers["count"].clone()))
+        original(state, plan, *args, **kwargs)
+
+    original = launcher.run_scratch
+    monkeypatch.setattr(ssu.timing, "graph_time_us", run_once)
+    monkeypatch.setattr(tuning, "COLD_BYTES", 1)  # one slot set: one launch per plan
+    monkeypatch.setattr(launcher, "run_scratch", recording)
+    plans = [Plan(4, 1, 1, 0, 0, 0), Plan(4, 1, 1, 0, 3, 0), Plan(4, 1, 1, 0, 3, 0)]
+    launcher.time_plans(2, plans, log=lambda _: None)
+    firsts = [next(c for q, c in seen if q is plan) for plan in plans]
+    assert int(firsts[0].max()) > 0  # the cursors are staggered, not empty rings
+    for counts in firsts[1:]:
+        assert torch.equal(counts, firsts[0])
 
 
 def test_window_option_pins_every_bucket():
