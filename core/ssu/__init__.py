@@ -44,6 +44,7 @@ from .records import (
     Verdict,
 )
 from .registry import default_registry, list_backends
+from . import traffic
 
 open = open_kernel  # noqa: A001 - ``ssu.open(config, problem)`` is the public spelling
 
@@ -82,6 +83,7 @@ __all__ = [
     "open",
     "register_backend",
     "selective_state_update",
+    "traffic",
 ]
 
 

@@ -162,6 +162,24 @@ def ssu_warmup(ctx: "Context", state: "State", step: "StepFn") -> None:
 
 
 @hookspec(firstresult=True)
+def ssu_traffic(ctx: "Context", batch: int, accepted: float) -> Optional[dict]:
+    """The bytes one step of ``batch`` rows moves in device memory, by part (a dict of name to
+    bytes, each byte counted once), for a backend that does not read each state once and write it
+    once per token; ``accepted`` is the mean tokens a speculative step keeps (the commit's
+    ``num_accepted``), ``tokens_per_step`` otherwise. ``ssu bench`` prints each row against it.
+    Default: the write-every-step traffic (:func:`ssu.traffic.write_through`); the step's inputs
+    and outputs are added by the core. Called outside the hot path only.
+
+    Example::
+
+        @ssu.hookimpl
+        def ssu_traffic(ctx, batch, accepted):
+            slot = ssu.traffic.state_bytes(ctx.problem)
+            return {"checkpoint read": batch * slot, "checkpoint write": batch * slot / 16}
+    """
+
+
+@hookspec(firstresult=True)
 def ssu_commit(ctx: "Context", state: "State", slots: "Tensor", num_accepted: "Tensor") -> None:
     """Speculative decoding: make each slot's logical state the state after its first
     ``num_accepted[b]`` tokens of the last step, for every layer of ``state``. Called once per

@@ -238,6 +238,25 @@ class Kernel:
             record.fill_(faults.NO_FAULT)
             raise InputError(faults.message(key, self.problem))
 
+    def traffic(self, batch: int, accepted: Optional[float] = None, with_z: bool = True) -> dict:
+        """The bytes one step of ``batch`` rows must move, by part (:mod:`ssu.traffic`): the
+        backend's own account (hook ``ssu_traffic``) or a write-every-step one, plus the step's
+        inputs and outputs. ``accepted``: mean tokens a speculative step keeps (default all)."""
+        from . import traffic
+
+        p = self.problem
+        if not 1 <= batch <= p.max_batch:
+            raise InputError(f"Kernel.traffic: batch={batch} is outside 1..max_batch={p.max_batch}")
+        kept = float(p.tokens_per_step if accepted is None else accepted)
+        parts = self._hook.ssu_traffic(ctx=self._ctx, batch=batch, accepted=kept)
+        if parts is None:
+            return traffic.write_through(p, batch, with_z)
+        if not isinstance(parts, dict) or not all(isinstance(v, (int, float)) for v in parts.values()):
+            raise BackendError(
+                f"backend {self.backend!r}: hook ssu_traffic returned {parts!r}, not a dict of byte counts"
+            )
+        return {**parts, "inputs and outputs": traffic.io_bytes(p, batch, with_z)}
+
     @property
     def needs_sync(self) -> bool:
         """Whether an adopted state's engine tensors are current only after :meth:`sync`: the

@@ -27,8 +27,9 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: (``Capabilities.guards_slots``, ``Context.faults``) and expanded per-head parameters
 #: (``Capabilities.tied_inputs``); 1.3 added the layout and dtype limits a backend declares instead
 #: of failing inside its kernel (``Capabilities.contiguous_rows``, ``Capabilities.dt_bias_as_dt``)
-#: and the precision of its states (``Capabilities.state_precision``).
-PLUGIN_API_VERSION = "1.3"
+#: and the precision of its states (``Capabilities.state_precision``); 1.4 added the hook
+#: ``ssu_traffic`` (the bytes a step moves, for the traffic floor ``ssu bench`` reports).
+PLUGIN_API_VERSION = "1.4"
 
 
 def _frozen(values) -> frozenset:

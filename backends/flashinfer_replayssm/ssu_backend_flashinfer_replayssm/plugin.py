@@ -28,7 +28,7 @@ def ssu_backend():
     """Declare the backend: CUDA only, FlashInfer's head shapes, speculative decoding, guarded slot ids."""
     return ssu.BackendSpec(
         name=NAME,
-        api_version="1.3",
+        api_version="1.4",
         factory=_factory,
         capabilities=ssu.Capabilities(
             devices={"cuda"},
@@ -113,6 +113,17 @@ def ssu_commit(ctx, state, slots, num_accepted):
             "in [ssu.backends.flashinfer-replayssm] to commit explicitly"
         )
     commit(ctx.scratch, ctx.scratch["advance"], state, slots, num_accepted)
+
+
+@ssu.hookimpl
+def ssu_traffic(ctx, batch, accepted):
+    """Hook: checkpoint and ring bytes of a step; a flush folds the old tokens only (the new ones
+    stay in the ring), and a ring token is x and B in bf16 and d in fp32."""
+    p = ctx.problem
+    token = 2 * (p.nheads * p.headdim + p.ngroups * p.dstate) + 4 * p.nheads
+    return ssu.traffic.checkpoint_and_ring(
+        p, batch, window=ctx.options.max_window, accepted=accepted, token_bytes=token, folds_new=False
+    )
 
 
 @ssu.hookimpl

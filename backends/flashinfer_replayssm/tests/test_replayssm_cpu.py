@@ -463,3 +463,14 @@ def test_tune_passes_the_tuning_batches_and_explains_its_outcome(monkeypatch, tm
     else:
         assert ctx.memo["tuned"] is False and "could not profile any checkpointing_ssu tactic for batches [8]" in line
         assert "failure while profiling: boom" in line
+
+
+def test_traffic_counts_checkpoint_and_ring_bytes(emulated):
+    """A flush folds the old tokens only: at window 4 and one token a step a row writes its
+    checkpoint every fourth step and holds 2.5 ring tokens on average."""
+    p = problem(nheads=4, headdim=32, dstate=64, ngroups=2)
+    parts = _open(emulated, p, max_window=4).traffic(2)
+    slot = 4 * 32 * 64 * 4
+    token = 2 * (4 * 32 + 2 * 64) + 4 * 4
+    assert parts["checkpoint read"] == 2 * slot and parts["checkpoint write"] == 2 * slot / 4
+    assert parts["ring read"] == 2 * token * 2.5 and parts["ring write"] == 2 * token

@@ -52,6 +52,13 @@ def ring_bytes_per_slot(problem, ring: int) -> int:
     return ring * (p.nheads * p.headdim * inp + p.ngroups * p.dstate * inp + 2 * p.nheads * 4) + 3 * 4
 
 
+def token_bytes(problem) -> int:
+    """Ring bytes of one token in one slot and layer: x, B, d and a."""
+    p = problem
+    inp = ITEMSIZE[p.input_dtype]
+    return p.nheads * p.headdim * inp + p.ngroups * p.dstate * inp + 2 * p.nheads * 4
+
+
 def _side_buffers(problem, num_layers: int, ring: int) -> dict:
     import torch
 

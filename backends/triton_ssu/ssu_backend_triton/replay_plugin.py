@@ -148,6 +148,19 @@ def ssu_allocate_scratch(ctx):
 
 
 @ssu.hookimpl
+def ssu_traffic(ctx, batch, accepted):
+    """Hook: the checkpoint and ring bytes of a step at ``batch`` rows, with its bucket's window."""
+    from . import replay_layout
+
+    window = ctx.memo["launcher"].table[batch].window
+    one_token = not ctx.problem.speculative  # a one-token flush folds the new token too
+    return ssu.traffic.checkpoint_and_ring(
+        ctx.problem, batch, window=window, accepted=accepted, token_bytes=replay_layout.token_bytes(ctx.problem),
+        folds_new=one_token,
+    )  # fmt: skip
+
+
+@ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
     """Hook: each accepted count joins its slot's ring, in every layer (one launch)."""
     ctx.memo["launcher"].commit(state, slots, num_accepted)

@@ -15,7 +15,7 @@ import ssu
 from ssu.conformance import run_on
 from ssu.harness import compare_with_reference
 from ssu.inputs import step_inputs
-from ssu_backend_triton import replay_engine, tuning
+from ssu_backend_triton import replay_engine, replay_layout, tuning
 from ssu_backend_triton.replay_launch import Plan
 
 from triton_helpers import DEVICE, compiled_step_matches_reference
@@ -261,6 +261,9 @@ def test_window_option_pins_every_bucket():
     table = kernel._ctx.memo["launcher"].table
     assert {plan.window for plan in table[1:]} == {2}
     assert {plan.fold for plan in table[1:]} == {4}
+    parts = kernel.traffic(64)  # the bucket's window: a checkpoint write every third step
+    assert parts["checkpoint write"] == parts["checkpoint read"] / 3
+    assert parts["ring read"] == 64 * replay_layout.token_bytes(p) * 1.0
 
 
 def test_torch_compile_custom_op(gen):

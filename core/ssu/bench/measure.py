@@ -59,6 +59,17 @@ class Row:
     #: "graph" (CUDA-graph replays), "eager" (launches between CUDA events: a backend that does not
     #: declare cuda_graphs; includes host time), or the caller's timer ("custom")
     timing: str = "graph"
+    #: the bytes the step must move, by part (:meth:`ssu.Kernel.traffic`), as (name, bytes) pairs
+    traffic: tuple = ()
+
+    @property
+    def floor_bytes(self) -> float:
+        """All bytes of :attr:`traffic` (0 when unknown)."""
+        return float(sum(b for _, b in self.traffic))
+
+    def floor_us(self, ceiling_tbps: float) -> Optional[float]:
+        """The time the traffic floor takes at ``ceiling_tbps`` (None when unknown)."""
+        return self.floor_bytes / ceiling_tbps / 1e6 if self.traffic and ceiling_tbps else None
 
     @property
     def tbps(self) -> float:
@@ -73,10 +84,20 @@ class Row:
             tbps=round(self.tbps, 4),
             commit_us=None if self.commit_us is None else round(self.commit_us, 3),
             timing=self.timing,
+            traffic={name: int(b) for name, b in self.traffic},
         )
 
 
-def accepted_counts(batch: int, tokens: int, gen, device, p_accept: float = 0.7):
+#: the chance that :func:`accepted_counts` keeps a draft token
+P_ACCEPT = 0.7
+
+
+def mean_accepted(tokens: int, p_accept: float = P_ACCEPT) -> float:
+    """The mean of :func:`accepted_counts`: 1 + p + p^2 + ... + p^(tokens - 1)."""
+    return sum(p_accept**j for j in range(tokens))
+
+
+def accepted_counts(batch: int, tokens: int, gen, device, p_accept: float = P_ACCEPT):
     """Realistic acceptance: each draft token is kept with probability ``p_accept`` until the first
     rejection, so num_accepted = 1 + the run of kept drafts (1..tokens)."""
     import torch
@@ -177,7 +198,8 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
     else:
         launches = [(lambda i=i, o=o: step(state, out=o, layer=0, **i)) for i, o in zip(inputs, outs)]
         us = timer(launches, min_launches=iterations)
-    return Row(case, us, commit_us, timing)
+    traffic = kernel.traffic(case.batch, accepted=mean_accepted(case.tokens) if spec else None)
+    return Row(case, us, commit_us, timing, tuple(traffic.items()))
 
 
 def wall_time_us(launches, *, min_launches: int = 1, repeats: int = 5) -> float:

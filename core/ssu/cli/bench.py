@@ -96,7 +96,13 @@ def _render_saved(args) -> int:
         data = json.loads(Path(args.saved).read_text())
         fields = {f.name for f in attrs.fields(measure.Case)}
         rows = [
-            measure.Row(measure.Case(**{k: r[k] for k in fields if k in r}), r["us"], r.get("commit_us"))
+            measure.Row(
+                measure.Case(**{k: r[k] for k in fields if k in r}),
+                r["us"],
+                r.get("commit_us"),
+                r.get("timing", "graph"),
+                tuple((r.get("traffic") or {}).items()),
+            )
             for r in data["rows"]
         ]
     except (OSError, ValueError, KeyError, TypeError) as exc:
