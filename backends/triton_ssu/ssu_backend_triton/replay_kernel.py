@@ -30,6 +30,11 @@ With ``FOLDED`` (a one-token step whose plan names the fold kernel, :mod:`.repla
 just before) the rows that flush were folded, stored and answered by that kernel: their programs
 here only move the cursors, and the step kernel is compiled without a fold of its own.
 
+With ``WRITE_THROUGH`` (a one-token step whose plan has window 0 and no fold kernel) a row that
+flushes an empty ring takes a short path with no ring to read or fill: the write-every-step update
+of its tiles. Rows whose ring still holds tokens (stepped before in a bucket with a window) take
+the general path once and have empty rings afterwards.
+
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
 (an atomic count per slot and layer) when it is done, and the last program of the row writes the
 new cursors and resets the ticket: no program can see the cursors move under it, and a row whose
@@ -145,6 +150,7 @@ def replay_kernel(
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
     FOLDED: tl.constexpr,
+    WRITE_THROUGH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
@@ -169,6 +175,19 @@ def replay_kernel(
 
     if FOLDED:  # the fold kernel has served the rows that flush; their programs only move the cursors
         serve = flush == 0
+    elif WRITE_THROUGH:  # a row that flushes an empty ring is a write-every-step row: the short path
+        quick = flush & (k == 0)
+        serve = quick == 0
+        if quick:
+            _write_through_tiles(
+                ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
+                x_ptr + row * x_b + head * x_h, x_p, B_ptr + row * B_b + group * B_g, B_n,
+                C_ptr + row * C_b + group * C_g, C_n, z_ptr + row * z_b + head * z_h, z_p,
+                out_ptr + row * o_b + head * o_h, o_p, dt_ptr + row * dt_b + head * dt_h, A_ptr + head * a_h,
+                D_ptr + head * d_h, dt_bias_ptr + head * bias_h, seed_ptr,
+                (target * 65599 + head * P * N).to(tl.uint32), pid_p, has_d, has_z, has_dt_bias, softplus,
+                P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
+            )  # fmt: skip
     else:
         serve = flush | True
     if serve:
@@ -388,6 +407,79 @@ def _tiles(
                 s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
             stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _write_through_tiles(
+    read_base,
+    write_base,
+    ck_p,
+    x_base,
+    x_p,
+    B_row,
+    B_n,
+    C_row,
+    C_n,
+    z_base,
+    z_p,
+    o_base,
+    o_p,
+    dt_at,
+    A_at,
+    D_at,
+    bias_at,
+    seed_ptr,
+    element,
+    pid_p,
+    has_d,
+    has_z,
+    has_dt_bias,
+    softplus,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+):
+    """One token into a checkpoint whose ring is empty, written back at ``write_base``: the
+    write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C (+ D x, z gate)``, with no
+    ring to read or fill (a window-0 plan's rows once their rings are empty)."""
+    bias = 0.0
+    if has_dt_bias:
+        bias = tl.load(bias_at).to(tl.float32)
+    d = softplus_dt(tl.load(dt_at).to(tl.float32) + bias, softplus)
+    decay = tl.exp(tl.load(A_at).to(tl.float32) * d)
+    d_skip = 0.0
+    if has_d:
+        d_skip = tl.load(D_at).to(tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    Bv = tl.load(B_row + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
+    Cv = tl.load(C_row + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+    seed = 0
+    if STOCHASTIC:
+        seed = tl.load(seed_ptr)
+    rows = tl.arange(0, BLOCK_P)
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
+        mask = mask_p[:, None] & mask_n[None, :]
+        tile = offs_p[:, None] * ck_p + offs_n[None, :]
+        s0 = tl.load(read_base + tile, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+        s = tl.fma(s0, decay, (d * x)[:, None] * Bv[None, :])
+        y = tl.sum(s * Cv[None, :], axis=1)
+        if has_d:
+            y += d_skip * x
+        if has_z:
+            zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+            y = y * zv * tl.sigmoid(zv)
+        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
+        tl.store(write_base + tile, stored, mask=mask)
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])

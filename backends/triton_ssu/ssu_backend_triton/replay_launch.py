@@ -114,6 +114,7 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
         STAGES=stages if tiles > 1 else 0,
         SPECULATIVE=consts.speculative,
         FOLDED=folded,
+        WRITE_THROUGH=window == 0 and T == 1 and not consts.speculative and not folded,
         num_warps=num_warps,
         **shared,
     )

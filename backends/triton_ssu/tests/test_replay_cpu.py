@@ -119,6 +119,32 @@ def test_cursors_follow_the_flush_rule(window, fold, gen):
     assert state.buffers["count"][0, [0, 2, 3, 4, 6, 7]].eq(0).all()
 
 
+def test_buckets_with_and_without_a_window_share_slots(gen):
+    """Batches of 16 (a bucket with window 3) leave tokens in the rings; batches of 2 (window 0:
+    the write-every-step path) fold them first, then take the short path with empty rings. The
+    outputs and logical states follow the reference throughout."""
+    from ssu.inputs import random_states
+    from ssu.oracle import rel_error, tolerances
+
+    p = problem(max_batch=16, num_slots=20)
+    kernel = opened(p, max_window=3)
+    assert [kernel._ctx.memo["launcher"].table[b].window for b in (2, 16)] == [0, 3]
+    ref = ssu.open(ssu.Config(backend="reference"), p)
+    state, rstate = kernel.allocate_state(), ref.allocate_state()
+    every = torch.arange(16, dtype=torch.int32, device=DEVICE)
+    start = random_states(p, 16, gen)
+    kernel.write_state(state, every, start)
+    ref.write_state(rstate, every, start)
+    out_tol, state_tol = tolerances(p)
+    for batch in (16, 16, 2, 2, 16, 2, 2):
+        inputs = step_inputs(p, every[:batch], gen).kwargs()
+        out, expected = kernel.step(state, **inputs), ref.step(rstate, **inputs)
+        assert rel_error(out, expected) <= out_tol
+        assert rel_error(kernel.read_state(state, every), ref.read_state(rstate, every)) <= state_tol
+    counts = state.buffers["count"][0, :16].tolist()
+    assert counts[:2] == [0, 0] and set(counts[2:]) == {3}  # emptied by the window-0 steps; held
+
+
 def test_commit_moves_counts_and_copies_no_state(gen):
     p = problem(tokens_per_step=3, speculative=True)
     kernel = opened(p, max_window=5)
