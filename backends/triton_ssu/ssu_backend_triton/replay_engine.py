@@ -288,9 +288,10 @@ class ReplayLauncher:
         scratch_problem = _scratch_problem(p, sets * bucket, bucket)
         state = replay_layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
         randomize(state, self.options, torch.Generator(device="cpu").manual_seed(bucket))
-        # every plan starts from the same staggered cursors: a plan that flushes every step leaves
-        # every ring empty, and the plans timed after it would otherwise flush no row at all
-        cursors = {name: state.buffers[name].clone() for name in ("start", "count")}
+        # every plan starts from the same staggered cursors, its counts within its own window (a
+        # plan that flushes every step empties every ring, and the plans timed after it would
+        # otherwise flush no row at all)
+        start, count = (state.buffers[name].clone() for name in ("start", "count"))
         gen = torch.Generator().manual_seed(bucket)
         slot_sets = [
             torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)
@@ -302,8 +303,8 @@ class ReplayLauncher:
         accepted = [torch.ones(bucket, dtype=torch.int32, device=p.device) for _ in slot_sets]
         best = None
         for plan in plans:
-            for name, saved in cursors.items():
-                state.buffers[name].copy_(saved)
+            state.buffers["start"].copy_(start)
+            torch.remainder(count, plan.window + 1, out=state.buffers["count"])
 
             def run(plan=plan, s=None, i=None, o=None, a=None):
                 self.run_scratch(state, plan, s, i, o, record, consts)
