@@ -119,3 +119,14 @@ def test_the_table_prints_the_floor_and_the_fraction_reached():
     assert report.table(rows, None, {}).splitlines()[1].split()[-3:-1] == ["-", "-"]
     assert measure.mean_accepted(1) == 1 and measure.mean_accepted(4) == pytest.approx(1 + 0.7 + 0.49 + 0.343)
     assert ITEMSIZE["fp32"] == 4
+
+
+def test_a_broken_traffic_account_costs_the_floor_not_the_row(monkeypatch):
+    def broken(self, batch, accepted=None, with_z=True):
+        raise ssu.BackendError("backend 'reference': hook ssu_traffic returned 12, not a dict of byte counts")
+
+    monkeypatch.setattr(ssu.Kernel, "traffic", broken)
+    case = measure.Case("reference", 4, 8, 16, 2, batch=2)
+    with pytest.warns(ssu.SSUWarning, match="its rows show no traffic floor"):
+        row = measure.measure(case, ssu.Config(), device="cpu", timer=lambda launches, min_launches=1: 5.0)
+    assert row.us == 5.0 and row.traffic == () and row.floor_us(4.26) is None
