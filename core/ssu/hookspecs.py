@@ -174,7 +174,7 @@ def ssu_traffic(ctx: "Context", batch: int, accepted: float) -> Optional[dict]:
 
         @ssu.hookimpl
         def ssu_traffic(ctx, batch, accepted):
-            slot = ssu.traffic.state_bytes(ctx.problem)
+            slot = ctx.problem.state_bytes_per_slot()
             return {"checkpoint read": batch * slot, "checkpoint write": batch * slot / 16}
     """
 

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from .dtypes import ITEMSIZE
 
-#: the parts of a step's traffic, in the order they are printed
+#: a step's traffic: bytes by part name
 Traffic = Mapping[str, float]
 
 
@@ -28,15 +28,10 @@ def io_bytes(problem, batch: int, with_z: bool = True) -> int:
     return batch * p.tokens_per_step * per_token
 
 
-def state_bytes(problem) -> int:
-    """Bytes of one slot's state in one layer (H x P x N in the cache dtype)."""
-    return problem.nheads * problem.headdim * problem.dstate * ITEMSIZE[problem.state_dtype]
-
-
 def write_through(problem, batch: int, with_z: bool = True) -> dict:
     """The traffic of a backend that writes every state it steps: one read and, per token, one
     write of each state (the speculative kernels' per-token states included)."""
-    slot = state_bytes(problem)
+    slot = problem.state_bytes_per_slot()
     return {
         "state read": batch * slot,
         "state write": batch * slot * problem.tokens_per_step,
@@ -67,7 +62,7 @@ def checkpoint_and_ring(
         cycle = int((window - T) // kept) + 1 if window >= T else 1
         held = kept * (cycle + 1) / 2
         appended = T
-    slot = state_bytes(problem)
+    slot = problem.state_bytes_per_slot()
     return {
         "checkpoint read": batch * slot,
         "checkpoint write": batch * slot / cycle,
@@ -79,9 +74,3 @@ def checkpoint_and_ring(
 def total(traffic: Traffic) -> float:
     """All of a step's bytes."""
     return float(sum(traffic.values()))
-
-
-def describe(traffic: Traffic) -> str:
-    """One line: each part in MB and the sum."""
-    parts = ", ".join(f"{name} {value / 1e6:.1f}" for name, value in traffic.items())
-    return f"{total(traffic) / 1e6:.1f} MB a step ({parts})"

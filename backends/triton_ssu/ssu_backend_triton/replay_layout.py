@@ -47,9 +47,7 @@ class ReplayViews(NamedTuple):
 
 def ring_bytes_per_slot(problem, ring: int) -> int:
     """Bytes the rings and cursors add to one slot of one layer."""
-    p = problem
-    inp = ITEMSIZE[p.input_dtype]
-    return ring * (p.nheads * p.headdim * inp + p.ngroups * p.dstate * inp + 2 * p.nheads * 4) + 3 * 4
+    return ring * token_bytes(problem) + 3 * 4
 
 
 def token_bytes(problem) -> int:

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import attrs
 
+from .. import traffic as step_traffic
 from ..dtypes import ITEMSIZE
 from ..errors import SSUError, SSUWarning
 
@@ -67,7 +68,7 @@ class Row:
     @property
     def floor_bytes(self) -> float:
         """All bytes of :attr:`traffic` (0 when unknown)."""
-        return float(sum(b for _, b in self.traffic))
+        return step_traffic.total(dict(self.traffic))
 
     def floor_us(self, ceiling_tbps: float) -> Optional[float]:
         """The time the traffic floor takes at ``ceiling_tbps`` (None when unknown)."""
