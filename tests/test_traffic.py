@@ -90,6 +90,15 @@ def test_kernel_traffic_uses_the_hook_or_the_default():
     with pytest.raises(ssu.BackendError, match="hook ssu_traffic returned 12"):
         kernel.traffic(1)
 
+    class Raising:
+        @ssu.hookimpl
+        def ssu_traffic(self, ctx, batch, accepted):
+            raise KeyError("window")
+
+    kernel._hook = _with(kernel, Raising())
+    with pytest.raises(ssu.BackendError, match="hook ssu_traffic raised KeyError"):
+        kernel.traffic(1)
+
 
 def _with(kernel, plugin):
     """The kernel's hooks with ``plugin``'s ssu_traffic in front (a backend that implements it)."""

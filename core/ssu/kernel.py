@@ -246,14 +246,24 @@ class Kernel:
 
         p = self.problem
         if not 1 <= batch <= p.max_batch:
-            raise InputError(f"Kernel.traffic: batch={batch} is outside 1..max_batch={p.max_batch}")
+            raise InputError(
+                f"Kernel.traffic: batch={batch} is outside 1..max_batch={p.max_batch}; "
+                "pass a batch this kernel was opened for, or open one with a larger max_batch"
+            )
         kept = float(p.tokens_per_step if accepted is None else accepted)
-        parts = self._hook.ssu_traffic(ctx=self._ctx, batch=batch, accepted=kept)
+        try:
+            parts = self._hook.ssu_traffic(ctx=self._ctx, batch=batch, accepted=kept)
+        except Exception as exc:
+            raise BackendError(
+                f"backend {self.backend!r}: hook ssu_traffic raised {type(exc).__name__}: {exc}; "
+                "report this to the backend's authors"
+            ) from exc
         if parts is None:
             return traffic.write_through(p, batch, with_z)
         if not isinstance(parts, dict) or not all(isinstance(v, (int, float)) for v in parts.values()):
             raise BackendError(
-                f"backend {self.backend!r}: hook ssu_traffic returned {parts!r}, not a dict of byte counts"
+                f"backend {self.backend!r}: hook ssu_traffic returned {parts!r}, not a dict of byte counts; "
+                "report this to the backend's authors"
             )
         return {**parts, "inputs and outputs": traffic.io_bytes(p, batch, with_z)}
 
