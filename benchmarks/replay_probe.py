@@ -23,27 +23,31 @@ CEILING = 4.26e12
 REGIMES = ("ring", "mixed", "flush", "write")
 
 
-def regime_cursors(regime: str, shape, window: int, gen):
-    """(start, count) of every slot before the timed launch."""
+def regime_cursors(regime: str, shape, window: int, tokens: int, gen):
+    """(start, count) of every slot before the timed launch. With several tokens a step is
+    speculative: "ring" leaves room for its tokens, "flush" folds a full ring, and "write" (window
+    0) folds the one to ``tokens`` tokens the previous step accepted."""
     import torch
 
-    ring = window + 1
+    ring = window + tokens
     start = torch.randint(0, ring, shape, generator=gen, dtype=torch.int32)
     if regime == "ring":
-        count = torch.randint(0, window, shape, generator=gen, dtype=torch.int32)
+        count = torch.randint(0, window - tokens + 1, shape, generator=gen, dtype=torch.int32)
     elif regime == "mixed":
         count = torch.randint(0, window + 1, shape, generator=gen, dtype=torch.int32)
     elif regime == "flush":
         count = torch.full(shape, window, dtype=torch.int32)
+    elif tokens > 1:
+        count = torch.randint(1, tokens + 1, shape, generator=gen, dtype=torch.int32)
     else:
         count = torch.zeros(shape, dtype=torch.int32)
         start.zero_()
     return start, count
 
 
-def regime_bytes(problem, batch: int, regime: str, window: int, counts) -> float:
+def regime_bytes(problem, batch: int, regime: str, window: int, counts, tokens: int) -> float:
     """Bytes a launch must move in ``regime``: the checkpoints read, those written, ring rows read
-    and appended, inputs and outputs."""
+    and appended, inputs and outputs of ``tokens`` tokens."""
     from ssu.dtypes import ITEMSIZE
 
     p = problem
@@ -52,11 +56,17 @@ def regime_bytes(problem, batch: int, regime: str, window: int, counts) -> float
     ring_row = p.nheads * p.headdim * inp + p.ngroups * p.dstate * inp + 2 * p.nheads * 4
     io = 3 * p.nheads * p.headdim * inp + 2 * p.ngroups * p.dstate * inp + p.nheads * inp
     mean_k = float(counts.float().mean())
-    flushing = {"ring": 0.0, "flush": 1.0, "write": 1.0}.get(regime, float((counts >= window).float().mean()))
-    return batch * (ck * (1 + flushing) + ring_row * (mean_k + (1 - flushing)) + io)
+    if tokens > 1:  # speculative: a row with tokens in its ring folds them when the new ones do not fit
+        flushing = float(((counts > 0) & (counts + tokens > (0 if regime == "write" else window))).float().mean())
+        appended = tokens
+    else:
+        flushing = {"ring": 0.0, "flush": 1.0, "write": 1.0}.get(regime, float((counts >= window).float().mean()))
+        appended = 1 - flushing
+    return batch * (ck * (1 + flushing) + ring_row * (mean_k + appended) + io * tokens)
 
 
 def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: int) -> tuple:
+    T = problem.tokens_per_step
     """(microseconds, bytes) of one launch of ``plan`` in ``regime``."""
     import torch
 
@@ -66,7 +76,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     from ssu_backend_triton.replay_launch import Plan, ReplayConstants
 
     replay_launch.replay_kernel = importlib.import_module(kernel_module).replay_kernel
-    ring = window + 1
+    ring = window + T
     slot_bytes = problem.state_bytes_per_slot() + replay_layout.ring_bytes_per_slot(problem, ring)
     sets = max(1, min(16, -(-(256 << 20) // (slot_bytes * batch))))
     scratch = replay_engine._scratch_problem(problem, sets * batch, batch)
@@ -77,10 +87,10 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
         max_window = window
 
     replay_engine.randomize(state, _Options, gen)
-    start, count = regime_cursors(regime, state.views[0].start.shape, window, gen)
+    start, count = regime_cursors(regime, state.views[0].start.shape, window, T, gen)
     start, count = start.to(problem.device), count.to(problem.device)
     views = state.views[0]
-    consts = ReplayConstants(-1, sets * batch, problem.heads_per_group, False, ring, False, 10)
+    consts = ReplayConstants(-1, sets * batch, problem.heads_per_group, T > 1, ring, False, 10)
     plan = Plan(*plan[:4], 0 if regime == "write" else window, 1, plan[4] if len(plan) > 4 else 0)
     record = torch.zeros(1, dtype=torch.int64, device=problem.device)
     slot_sets = [
@@ -104,7 +114,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     us_reset = graph_time_us([reset], replays=7, warmup=1, min_launches=32)
     if int(record.item()) != 0:
         raise RuntimeError("the probe's rows were refused")
-    return us - us_reset, regime_bytes(problem, batch, regime, window, count)
+    return us - us_reset, regime_bytes(problem, batch, regime, window, count, T)
 
 
 def main(argv=None) -> None:
@@ -121,16 +131,18 @@ def main(argv=None) -> None:
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--window", type=int, default=15)
     ap.add_argument("--shape", default="128,64,128,8", help="H,P,N,G")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens per step (above 1: speculative)")
     args = ap.parse_args(argv)
     H, P, N, G = (int(v) for v in args.shape.split(","))
     versions = f"torch {torch.__version__} | triton {triton.__version__}"
-    print(f"{torch.cuda.get_device_name()} | {versions} | H{H} P{P} N{N} G{G}")
+    print(f"{torch.cuda.get_device_name()} | {versions} | H{H} P{P} N{N} G{G} | T{args.tokens}")
     print(f"{'kernel':>28} {'state':>5} {'batch':>5} {'plan':>10} {'regime':>6} {'us':>8} {'TB/s':>6} {'ceil%':>6}")
     for state_dtype in args.state_dtype.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             problem = ssu.Problem(
                 nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state_dtype, input_dtype="bf16",
-                num_slots=batch, max_batch=batch, device="cuda",
+                num_slots=batch, max_batch=batch, device="cuda", tokens_per_step=args.tokens,
+                speculative=args.tokens > 1,
             )  # fmt: skip
             for kernel in args.kernels.split(","):
                 for plan_text in args.plans.split(","):

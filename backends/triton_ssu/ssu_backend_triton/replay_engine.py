@@ -58,9 +58,9 @@ def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
 
 def fold_heads_choices(problem, options) -> list[int]:
     """Heads per program of the fold kernel worth timing (divisors of the heads per group): one,
-    four and up to sixteen, or the ``fold_heads`` option; none for steps of several tokens."""
+    four and up to sixteen, or the ``fold_heads`` option (0: none)."""
     p = problem
-    if p.speculative or p.tokens_per_step != 1 or options.fold_heads == 0:
+    if options.fold_heads == 0:
         return []
     if options.fold_heads > 0:
         return [options.fold_heads]

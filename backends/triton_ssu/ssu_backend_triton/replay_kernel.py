@@ -26,9 +26,11 @@ Flush rules (``window`` W, ``count`` k):
 - a one-token step into another slot (``dst_slots``): everything folded into the destination's
   checkpoint, its ring emptied; the source slot is left as it was.
 
-With ``FOLDED`` (a one-token step whose plan names the fold kernel, :mod:`.replay_fold`, launched
-just before) the rows that flush were folded, stored and answered by that kernel: their programs
-here only move the cursors, and the step kernel is compiled without a fold of its own.
+With ``FOLDED`` (a plan that names the fold kernel, :mod:`.replay_fold`, launched just before) the
+step kernel is compiled without a fold of its own. In a one-token step the rows that flush were
+folded, stored and answered by that kernel: their programs here only move the cursors. In a
+speculative step that kernel folded those rows' rings into their checkpoints: their programs
+here read the new checkpoint with an empty ring (``start + k``, no tokens) and append as usual.
 
 With ``WRITE_THROUGH`` (a one-token step whose plan has window 0 and no fold kernel) a row that
 flushes an empty ring takes a short path with no ring to read or fill: the write-every-step update
@@ -173,8 +175,15 @@ def replay_kernel(
     owner, moved, flush, fold, append = flush_rule(slot, dst, dst_ok, k, window, T, SPECULATIVE)
     target = tl.where(moved, dst, safe)
 
-    if FOLDED:  # the fold kernel has served the rows that flush; their programs only move the cursors
-        serve = flush == 0
+    k_read = k  # the ring tokens this step reads (after the fold kernel's fold, none)
+    start_read = start
+    if FOLDED:
+        if SPECULATIVE:  # the fold kernel has folded the rings of the rows that flush: they read from empty rings
+            k_read = tl.where(flush, 0, k)
+            start_read = tl.where(flush, (start + k) % RING, start)
+            serve = flush | True
+        else:  # the fold kernel has served the rows that flush; their programs only move the cursors
+            serve = flush == 0
     elif WRITE_THROUGH:  # a row that flushes an empty ring is a write-every-step row: the short path
         quick = flush & (k == 0)
         serve = quick == 0
@@ -193,10 +202,10 @@ def replay_kernel(
     if serve:
         # the sequence of positions: the ring's k tokens, then the step's T
         offs_m = tl.arange(0, M)
-        in_ring = offs_m < k
-        in_new = (offs_m >= k) & (offs_m < k + T)
-        tok = tl.where(in_new, offs_m - k, 0)
-        ring_row = (start + offs_m) % RING
+        in_ring = offs_m < k_read
+        in_new = (offs_m >= k_read) & (offs_m < k_read + T)
+        tok = tl.where(in_new, offs_m - k_read, 0)
+        ring_row = (start_read + offs_m) % RING
         a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
         bias = 0.0
         if has_dt_bias:
@@ -237,7 +246,7 @@ def replay_kernel(
                 tl.float32
             )
             gram = tl.sum(B_m * C_tok[None, :], axis=1)
-            m = k + t
+            m = k_read + t
             cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
             w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
             weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
@@ -267,7 +276,7 @@ def replay_kernel(
             read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
             C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
             ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
-            pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
+            pid_p, state_rows, append, start_read, k_read, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
             weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
         )  # fmt: skip
         if FOLDED:  # the rows served here read the checkpoint only

@@ -24,9 +24,9 @@ class Plan(NamedTuple):
     """How one step is launched, per batch bucket: ``block_p`` rows of a head per tile,
     ``num_warps`` per program, ``tiles`` per program, the pipeline ``stages`` of a program's loop
     over its tiles (0: not pipelined), the flush ``window`` (ring tokens a step may leave unfolded:
-    0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch), ``fold``: for
-    one-token steps, the heads per program of the fold kernel that serves the rows that flush,
-    launched before the step kernel (0: those rows fold inside the step kernel)."""
+    0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch), ``fold``: the
+    heads per program of the fold kernel that folds the rows that flush, launched before the step
+    kernel (0: those rows fold inside the step kernel)."""
 
     block_p: int
     num_warps: int
@@ -91,11 +91,13 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
         PDL=pdl,
         launch_pdl=pdl,
     )
-    folded = bool(fold) and T == 1 and not consts.speculative
+    folded = bool(fold)
     if folded:
         heads = math.gcd(fold, consts.heads_per_group)
         fold_kernel[(H // heads, b)](
             *args,
+            T=T,
+            SPECULATIVE=consts.speculative,
             M=max(16, triton.next_power_of_2(consts.ring)),
             HEADS=heads,
             ROWS=FOLD_ROWS,

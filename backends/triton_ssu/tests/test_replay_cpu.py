@@ -92,11 +92,15 @@ def test_matches_reference(
     compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
 
 
-def test_speculative_decode_wraps_the_ring(gen):
+@pytest.mark.parametrize(("window", "fold"), [(0, 0), (3, 2)])
+def test_speculative_decode_wraps_the_ring(window, fold, gen):
     """Two layers, T = 3 with commits of random acceptance over many steps: the ring's start goes
-    round several times; the cursors of both layers move at each commit."""
+    round several times; the cursors of both layers move at each commit. With the fold kernel
+    (``fold``: heads per program) the flushing rows' rings are folded before the step reads them;
+    window 0 folds the accepted tokens at every step."""
     p = problem(tokens_per_step=3, speculative=True, state_dtype="bf16", headdim=6, dstate=12)
-    kernel, state = compare(p, gen, {"max_window": 3}, steps=6, pad=1, layers=2)
+    options = {"max_window": 3, "window": window, "fold_heads": fold}
+    kernel, state = compare(p, gen, options, steps=6, pad=1, layers=2)
     assert int(state.buffers["start"].max()) > 0  # the ring's start moved: flushes happened
 
 
@@ -238,14 +242,14 @@ def test_default_plans_and_cached_plans():
 
 
 def test_fold_kernel_choices():
-    """The fold kernel is timed for one-token steps only, with heads per program that divide the
-    heads of a group; the ``fold_heads`` option fixes or forbids it."""
+    """The fold kernel is timed with heads per program that divide the heads of a group, for
+    one-token and speculative steps; the ``fold_heads`` option fixes or forbids it."""
     options = opened(problem()).options
     p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
     assert replay_engine.fold_heads_choices(p, options) == [1, 4, 16]
     assert replay_engine.fold_heads_choices(problem(nheads=24, ngroups=1, device="cpu"), options) == [1, 4, 12]
     spec = problem(tokens_per_step=2, speculative=True, device="cpu")
-    assert replay_engine.fold_heads_choices(spec, options) == []
+    assert replay_engine.fold_heads_choices(spec, options) == [1, 2]
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=0)) == []
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
     plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
