@@ -41,18 +41,20 @@ def default_plan(problem, options, batch: int) -> Plan:
 def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
     """(block_p, num_warps, tiles, stages) worth timing: one program per tile of 512 to 2048
     values with 1, 2 or 4 warps; or a program over a whole head, or half of one (its per-head
-    weights computed once), its tile loads pipelined 3 or 4 deep."""
+    weights computed once), its tiles of 1024 values pipelined 3 or 4 deep, or a whole head in
+    tiles of 2048 (with a program per tile of 2048 and one warp: the shapes the triton backend's
+    write-every-step kernel wins with)."""
     block_n = triton.next_power_of_2(problem.dstate)
     top = triton.next_power_of_2(problem.headdim)
     out = []
-    for values, warps in ((1024, 1), (1024, 2), (2048, 4), (512, 1)):
+    for values, warps in ((1024, 1), (1024, 2), (2048, 1), (2048, 4), (512, 1)):
         out.append((max(1, min(top, values // block_n)), warps, 1, 0))
     block_p = max(1, min(top, 1024 // block_n))
     tiles = -(-problem.headdim // block_p)
     if tiles > 1:
         out += [(block_p, 2, tiles, 3), (block_p, 2, tiles, 4), (block_p, 1, tiles, 4)]
         if tiles % 2 == 0 and tiles > 2:
-            out.append((block_p, 2, tiles // 2, 4))
+            out += [(block_p, 2, tiles // 2, 4), (2 * block_p, 2, tiles // 2, 4)]
     return sorted(set(out))
 
 

@@ -166,6 +166,12 @@ def replay_kernel(
     group = head // HEADS_PER_GROUP
     H = tl.num_programs(1)
 
+    if WRITE_THROUGH:  # the token's inputs do not depend on the cursors: their loads issue first, without branches
+        wt = _token_scalars(
+            dt_ptr + row * dt_b + head * dt_h, A_ptr + head * a_h, D_ptr + head * d_h, dt_bias_ptr + head * bias_h,
+            B_ptr + row * B_b + group * B_g, B_n, C_ptr + row * C_b + group * C_g, C_n,
+            has_d, has_dt_bias, softplus, N, BLOCK_N,
+        )  # fmt: skip
     slot, valid, dst, dst_ok = row_slots(
         slots_ptr, dst_ptr, faults_ptr, row, (pid_p == 0) & (head == 0), pad_slot_id, num_slots, HAS_DST
     )
@@ -190,11 +196,9 @@ def replay_kernel(
         if quick:
             _write_through_tiles(
                 ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
-                x_ptr + row * x_b + head * x_h, x_p, B_ptr + row * B_b + group * B_g, B_n,
-                C_ptr + row * C_b + group * C_g, C_n, z_ptr + row * z_b + head * z_h, z_p,
-                out_ptr + row * o_b + head * o_h, o_p, dt_ptr + row * dt_b + head * dt_h, A_ptr + head * a_h,
-                D_ptr + head * d_h, dt_bias_ptr + head * bias_h, seed_ptr,
-                (target * 65599 + head * P * N).to(tl.uint32), pid_p, has_d, has_z, has_dt_bias, softplus,
+                x_ptr + row * x_b + head * x_h, x_p, z_ptr + row * z_b + head * z_h, z_p,
+                out_ptr + row * o_b + head * o_h, o_p, *wt, seed_ptr,
+                (target * 65599 + head * P * N).to(tl.uint32), pid_p, has_d, has_z,
                 P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
             )  # fmt: skip
     else:
@@ -419,31 +423,55 @@ def _tiles(
 
 
 @triton.jit
+def _token_scalars(
+    dt_at,
+    A_at,
+    D_at,
+    bias_at,
+    B_row,
+    B_n,
+    C_row,
+    C_n,
+    has_d,
+    has_dt_bias,
+    softplus,
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One token's per-head inputs for the write-every-step update, every load masked rather than
+    branched on (so that they issue together): (d, exp(A d), D, B, C) in fp32."""
+    bias = tl.load(bias_at, mask=has_dt_bias, other=0.0).to(tl.float32)
+    d = softplus_dt(tl.load(dt_at).to(tl.float32) + bias, softplus)
+    decay = tl.exp(tl.load(A_at).to(tl.float32) * d)
+    d_skip = tl.load(D_at, mask=has_d, other=0.0).to(tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    Bv = tl.load(B_row + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
+    Cv = tl.load(C_row + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+    return d, decay, d_skip, Bv, Cv
+
+
+@triton.jit
 def _write_through_tiles(
     read_base,
     write_base,
     ck_p,
     x_base,
     x_p,
-    B_row,
-    B_n,
-    C_row,
-    C_n,
     z_base,
     z_p,
     o_base,
     o_p,
-    dt_at,
-    A_at,
-    D_at,
-    bias_at,
+    d,
+    decay,
+    d_skip,
+    Bv,
+    Cv,
     seed_ptr,
     element,
     pid_p,
     has_d,
     has_z,
-    has_dt_bias,
-    softplus,
     P: tl.constexpr,
     N: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -453,21 +481,12 @@ def _write_through_tiles(
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
 ):
-    """One token into a checkpoint whose ring is empty, written back at ``write_base``: the
-    write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C (+ D x, z gate)``, with no
-    ring to read or fill (a window-0 plan's rows once their rings are empty)."""
-    bias = 0.0
-    if has_dt_bias:
-        bias = tl.load(bias_at).to(tl.float32)
-    d = softplus_dt(tl.load(dt_at).to(tl.float32) + bias, softplus)
-    decay = tl.exp(tl.load(A_at).to(tl.float32) * d)
-    d_skip = 0.0
-    if has_d:
-        d_skip = tl.load(D_at).to(tl.float32)
+    """One token (inputs from :func:`_token_scalars`) into a checkpoint whose ring is empty, written
+    back at ``write_base``: the write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C
+    (+ D x, z gate)``, with no ring to read or fill (a window-0 plan's rows once their rings are
+    empty)."""
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    Bv = tl.load(B_row + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
-    Cv = tl.load(C_row + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
     seed = 0
     if STOCHASTIC:
         seed = tl.load(seed_ptr)
@@ -480,9 +499,7 @@ def _write_through_tiles(
         s0 = tl.load(read_base + tile, mask=mask, other=0.0).to(tl.float32)
         x = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
         s = tl.fma(s0, decay, (d * x)[:, None] * Bv[None, :])
-        y = tl.sum(s * Cv[None, :], axis=1)
-        if has_d:
-            y += d_skip * x
+        y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
         if has_z:
             zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
             y = y * zv * tl.sigmoid(zv)

@@ -1,0 +1,492 @@
+"""A variant of the replay step kernel for comparison in replay_probe.py (speculative outputs as one 2D tile)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ssu.slot_kernels import _commit_rows
+
+from ssu_backend_triton.tiles import rounded_state, row_slots, softplus_dt
+
+
+@triton.jit
+def flush_rule(slot, dst, dst_ok, k, window, T: tl.constexpr, SPECULATIVE: tl.constexpr):
+    """The flush rule of a row whose ring holds ``k`` tokens (module docstring): whether the row's
+    own slot takes the step (``owner``), whether it is a one-token step into another slot
+    (``moved``), whether the checkpoint is rewritten (``flush``), how many positions are folded
+    (``fold``) and whether the new tokens join the ring (``append``). The step kernel and the fold
+    kernel both decide by it, so that they agree on every row."""
+    owner = dst_ok & (dst == slot)
+    moved = dst_ok & (dst != slot)
+    if SPECULATIVE:
+        flush = owner & (k > 0) & (k + T > window)
+        fold = k
+        append = owner
+    else:
+        flush = moved | (owner & (k + T > window))
+        fold = k + T
+        append = owner & (k + T <= window)
+    return owner, moved, flush, fold, append
+
+
+@triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
+def replay_kernel(
+    ck_ptr,
+    xr_ptr,
+    Br_ptr,
+    dr_ptr,
+    ar_ptr,
+    start_ptr,
+    count_ptr,
+    ticket_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    slots_ptr,
+    dst_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    out_ptr,
+    seed_ptr,
+    faults_ptr,
+    pad_slot_id,
+    num_slots,
+    window,
+    ck_slot,
+    ck_head,
+    ck_p,
+    xr_slot,
+    Br_slot,
+    dr_slot,
+    a_h,
+    d_h,
+    bias_h,
+    x_b,
+    x_t,
+    x_h,
+    x_p,
+    dt_b,
+    dt_t,
+    dt_h,
+    B_b,
+    B_t,
+    B_g,
+    B_n,
+    C_b,
+    C_t,
+    C_g,
+    C_n,
+    z_b,
+    z_t,
+    z_h,
+    z_p,
+    o_b,
+    o_t,
+    o_h,
+    o_p,
+    has_d,
+    has_z,
+    has_dt_bias,
+    softplus,
+    T: tl.constexpr,
+    TP: tl.constexpr,
+    RING: tl.constexpr,
+    M: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    SPECULATIVE: tl.constexpr,
+    HAS_DST: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+    FOLDED: tl.constexpr,
+    WRITE_THROUGH: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
+    x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,)."""
+    if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    pid_p = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2)
+    group = head // HEADS_PER_GROUP
+    H = tl.num_programs(1)
+
+    slot, valid, dst, dst_ok = row_slots(
+        slots_ptr, dst_ptr, faults_ptr, row, (pid_p == 0) & (head == 0), pad_slot_id, num_slots, HAS_DST
+    )
+    safe = tl.where(valid, slot, 0)
+    start = tl.load(start_ptr + safe, mask=valid, other=0)
+    k = tl.load(count_ptr + safe, mask=valid, other=0)
+    owner, moved, flush, fold, append = flush_rule(slot, dst, dst_ok, k, window, T, SPECULATIVE)
+    target = tl.where(moved, dst, safe)
+
+    k_read = k  # the ring tokens this step reads (after the fold kernel's fold, none)
+    start_read = start
+    if FOLDED:
+        if SPECULATIVE:  # the fold kernel has folded the rings of the rows that flush: they read from empty rings
+            k_read = tl.where(flush, 0, k)
+            start_read = tl.where(flush, (start + k) % RING, start)
+            serve = flush | True
+        else:  # the fold kernel has served the rows that flush; their programs only move the cursors
+            serve = flush == 0
+    elif WRITE_THROUGH:  # a row that flushes an empty ring is a write-every-step row: the short path
+        quick = flush & (k == 0)
+        serve = quick == 0
+        if quick:
+            _write_through_tiles(
+                ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
+                x_ptr + row * x_b + head * x_h, x_p, B_ptr + row * B_b + group * B_g, B_n,
+                C_ptr + row * C_b + group * C_g, C_n, z_ptr + row * z_b + head * z_h, z_p,
+                out_ptr + row * o_b + head * o_h, o_p, dt_ptr + row * dt_b + head * dt_h, A_ptr + head * a_h,
+                D_ptr + head * d_h, dt_bias_ptr + head * bias_h, seed_ptr,
+                (target * 65599 + head * P * N).to(tl.uint32), pid_p, has_d, has_z, has_dt_bias, softplus,
+                P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
+            )  # fmt: skip
+    else:
+        serve = flush | True
+    if serve:
+        # the sequence of positions: the ring's k tokens, then the step's T
+        offs_m = tl.arange(0, M)
+        in_ring = offs_m < k_read
+        in_new = (offs_m >= k_read) & (offs_m < k_read + T)
+        tok = tl.where(in_new, offs_m - k_read, 0)
+        ring_row = (start_read + offs_m) % RING
+        a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
+        bias = 0.0
+        if has_dt_bias:
+            bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
+        d_skip = 0.0
+        if has_d:
+            d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
+        d_new = softplus_dt(
+            tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
+            softplus,
+        )
+        d_base = dr_ptr + safe * dr_slot + head * RING
+        a_base = ar_ptr + safe * dr_slot + head * RING
+        d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
+        a_m = tl.where(
+            in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0)
+        )
+        cum = tl.cumsum(a_m, 0)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
+        B_ring = tl.load(
+            Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
+        )
+        B_new = tl.load(
+            B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
+            mask=in_new[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
+
+        # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
+        offs_t = tl.arange(0, TP)
+        weights = tl.zeros((M, TP), dtype=tl.float32)
+        decays = tl.zeros((TP,), dtype=tl.float32)
+        for t in tl.static_range(T):
+            C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
+                tl.float32
+            )
+            gram = tl.sum(B_m * C_tok[None, :], axis=1)
+            m = k_read + t
+            cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
+            w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
+            weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
+            decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
+
+        # the new tokens' d, a and B join the ring (one program of the head, of the group)
+        if append & (pid_p == 0):
+            tl.store(d_base + ring_row, d_m, mask=in_new)
+            tl.store(a_base + ring_row, a_m, mask=in_new)
+            if head % HEADS_PER_GROUP == 0:
+                tl.store(
+                    Br_base + ring_row[:, None] * N + offs_n[None, :],
+                    B_new,
+                    mask=in_new[:, None] & mask_n[None, :],
+                )
+
+        seed = 0
+        if STOCHASTIC:
+            seed = tl.load(seed_ptr)
+        element = (target * 65599 + head * P * N).to(tl.uint32)
+        read_base = ck_ptr + safe * ck_slot + head * ck_head
+        write_base = ck_ptr + target * ck_slot + head * ck_head
+        xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
+        x_base = x_ptr + row * x_b + head * x_h
+        state_rows = tl.where(valid, P, 0)
+        args = (
+            read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
+            C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+            ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
+            pid_p, state_rows, append, start_read, k_read, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
+            weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
+        )  # fmt: skip
+        if FOLDED:  # the rows served here read the checkpoint only
+            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+        elif flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
+            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
+        else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
+            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+
+    # cursors: the last program of a row whose cursors change writes them
+    if SPECULATIVE:
+        changed = flush
+        new_start = (start + k) % RING
+        new_count = k * 0
+    else:
+        changed = owner & ((k + T <= window) | (k > 0) | (start != 0))
+        new_start = tl.where(append, start, 0)
+        new_count = tl.where(append, k + T, 0)
+    if changed:
+        ticket = tl.atomic_add(ticket_ptr + safe, 1, sem="acq_rel")
+        if ticket == tl.num_programs(0) * H - 1:
+            tl.store(start_ptr + safe, new_start)
+            tl.store(count_ptr + safe, new_count)
+            tl.store(ticket_ptr + safe, 0)
+    if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
+        tl.store(start_ptr + dst, 0)
+        tl.store(count_ptr + dst, 0)
+
+
+@triton.jit
+def _tiles(
+    read_base,
+    write_base,
+    xr_base,
+    x_base,
+    Br_base,
+    B_row,
+    C_row,
+    z_base,
+    o_base,
+    ck_p,
+    x_t,
+    x_p,
+    B_t,
+    B_n,
+    C_t,
+    C_n,
+    z_t,
+    z_p,
+    o_t,
+    o_p,
+    pid_p,
+    state_rows,
+    append,
+    start,
+    k,
+    fold,
+    ring_row,
+    in_ring,
+    in_new,
+    tok,
+    offs_m,
+    offs_n,
+    mask_n,
+    weights,
+    decays,
+    d_m,
+    a_m,
+    d_skip,
+    has_d,
+    has_z,
+    seed,
+    element,
+    T: tl.constexpr,
+    TP: tl.constexpr,
+    RING: tl.constexpr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    FOLD: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+):
+    """The program's tiles: each tile's outputs from the checkpoint tile and the ring rows (the
+    new tokens' x appended to the ring); with ``FOLD`` the first ``fold`` positions applied to
+    the tile one by one and the tile stored, rounded, at ``write_base``."""
+    rows = tl.arange(0, BLOCK_P)
+    offs_t = tl.arange(0, TP)
+    w0 = tl.sum(tl.where(offs_t[None, :] == 0, weights, 0.0), axis=1)
+    decay0 = tl.sum(tl.where(offs_t == 0, decays, 0.0), axis=0)
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
+        tile = offs_p[:, None] * ck_p + offs_n[None, :]
+        s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        ring_mask = mask_p[:, None] & in_ring[None, :]
+        new_mask = mask_p[:, None] & in_new[None, :]
+        X_ring = tl.load(xr_base + ring_row[None, :] * P + offs_p[:, None], mask=ring_mask, other=0.0)
+        X_new = tl.load(x_base + tok[None, :] * x_t + offs_p[:, None] * x_p, mask=new_mask, other=0.0)
+        if append:
+            tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
+        X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (BLOCK_P, M): rows of the tile, positions
+        if T > 1:  # every token's output at once: (BLOCK_P, TP)
+            Yc = tl.zeros((BLOCK_P, TP), dtype=tl.float32)
+            for t in tl.static_range(T):
+                C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+                yc = tl.sum(s0 * C_tok[None, :], axis=1)
+                Yc = tl.where(offs_t[None, :] == t, yc[:, None], Yc)
+            Y = Yc * decays[None, :] + tl.sum(X[:, :, None] * weights[None, :, :], axis=1)
+            out_mask = mask_p[:, None] & (offs_t[None, :] < T)
+            if has_d:
+                Xt = tl.load(x_base + offs_t[None, :] * x_t + offs_p[:, None] * x_p, mask=out_mask, other=0.0)
+                Y += d_skip * Xt.to(tl.float32)
+            if has_z:
+                Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=out_mask, other=0.0)
+                Z = Z.to(tl.float32)
+                Y = Y * Z * tl.sigmoid(Z)
+            out_at = o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p
+            tl.store(out_at, Y.to(o_base.dtype.element_ty), mask=out_mask)
+        for t in tl.static_range(T if T == 1 else 0):
+            C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            if T == 1:
+                w = w0
+                decay = decay0
+            else:
+                w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
+                decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
+            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w[None, :], axis=1)
+            if has_d:
+                y += d_skip * tl.sum(tl.where(offs_m[None, :] == k + t, X, 0.0), axis=1)
+            if has_z:
+                zv = tl.load(z_base + t * z_t + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+                y = y * zv * tl.sigmoid(zv)
+            tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        if FOLD:
+            s = s0
+            for j in range(0, fold):
+                in_r = j < k
+                r = (start + j) % RING
+                x_j = tl.load(
+                    tl.where(in_r, xr_base + r * P, x_base + (j - k) * x_t) + offs_p * tl.where(in_r, 1, x_p),
+                    mask=mask_p,
+                    other=0.0,
+                ).to(tl.float32)
+                B_j = tl.load(
+                    tl.where(in_r, Br_base + r * N, B_row + (j - k) * B_t) + offs_n * tl.where(in_r, 1, B_n),
+                    mask=mask_n,
+                    other=0.0,
+                ).to(tl.float32)
+                d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
+                a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
+                s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
+            stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
+            tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _write_through_tiles(
+    read_base,
+    write_base,
+    ck_p,
+    x_base,
+    x_p,
+    B_row,
+    B_n,
+    C_row,
+    C_n,
+    z_base,
+    z_p,
+    o_base,
+    o_p,
+    dt_at,
+    A_at,
+    D_at,
+    bias_at,
+    seed_ptr,
+    element,
+    pid_p,
+    has_d,
+    has_z,
+    has_dt_bias,
+    softplus,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+):
+    """One token into a checkpoint whose ring is empty, written back at ``write_base``: the
+    write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C (+ D x, z gate)``, with no
+    ring to read or fill (a window-0 plan's rows once their rings are empty)."""
+    bias = 0.0
+    if has_dt_bias:
+        bias = tl.load(bias_at).to(tl.float32)
+    d = softplus_dt(tl.load(dt_at).to(tl.float32) + bias, softplus)
+    decay = tl.exp(tl.load(A_at).to(tl.float32) * d)
+    d_skip = 0.0
+    if has_d:
+        d_skip = tl.load(D_at).to(tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    Bv = tl.load(B_row + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
+    Cv = tl.load(C_row + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+    seed = 0
+    if STOCHASTIC:
+        seed = tl.load(seed_ptr)
+    rows = tl.arange(0, BLOCK_P)
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
+        mask = mask_p[:, None] & mask_n[None, :]
+        tile = offs_p[:, None] * ck_p + offs_n[None, :]
+        s0 = tl.load(read_base + tile, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+        s = tl.fma(s0, decay, (d * x)[:, None] * Bv[None, :])
+        y = tl.sum(s * Cv[None, :], axis=1)
+        if has_d:
+            y += d_skip * x
+        if has_z:
+            zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+            y = y * zv * tl.sigmoid(zv)
+        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
+        tl.store(write_base + tile, stored, mask=mask)
+
+
+@triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])
+def ring_commit_kernel(
+    count_ptr,
+    slots_ptr,
+    accepted_ptr,
+    faults_ptr,
+    batch,
+    pad_slot_id,
+    num_slots,
+    num_layers,
+    layer_stride,
+    T: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """count[layer, slot] += num_accepted for every layer and every row that moves: one launch;
+    rows with a slot outside the cache or a count outside 1..T move nothing and are recorded."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    moves, slot, accepted = _commit_rows(slots_ptr, accepted_ptr, faults_ptr, offs, batch, pad_slot_id, num_slots, T)
+    for layer in range(0, num_layers):
+        ptrs = count_ptr + layer * layer_stride + slot
+        count = tl.load(ptrs, mask=moves, other=0)
+        tl.store(ptrs, (count + accepted).to(count_ptr.dtype.element_ty), mask=moves)
