@@ -193,14 +193,14 @@ def replay_kernel(
     elif WRITE_THROUGH:  # a row that flushes an empty ring is a write-every-step row: the short path
         quick = flush & (k == 0)
         serve = quick == 0
-        if quick:
-            _write_through_tiles(
-                ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
-                x_ptr + row * x_b + head * x_h, x_p, z_ptr + row * z_b + head * z_h, z_p,
-                out_ptr + row * o_b + head * o_h, o_p, *wt, seed_ptr,
-                (target * 65599 + head * P * N).to(tl.uint32), pid_p, has_d, has_z,
-                P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
-            )  # fmt: skip
+        # every row with a slot runs it, storing only where quick: its loads need not wait for the cursors
+        _write_through_tiles(
+            ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
+            x_ptr + row * x_b + head * x_h, x_p, z_ptr + row * z_b + head * z_h, z_p,
+            out_ptr + row * o_b + head * o_h, o_p, *wt, seed_ptr,
+            (target * 65599 + head * P * N).to(tl.uint32), pid_p, valid, quick, has_d, has_z,
+            P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
+        )  # fmt: skip
     else:
         serve = flush | True
     if serve:
@@ -385,21 +385,32 @@ def _tiles(
         if append:
             tl.store(xr_base + ring_row[None, :] * P + offs_p[:, None], X_new, mask=new_mask)
         X = X_ring.to(tl.float32) + X_new.to(tl.float32)  # (BLOCK_P, M): rows of the tile, positions
-        for t in tl.static_range(T):
-            C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
-            if T == 1:
-                w = w0
-                decay = decay0
-            else:
-                w = tl.sum(tl.where(offs_t[None, :] == t, weights, 0.0), axis=1)
-                decay = tl.sum(tl.where(offs_t == t, decays, 0.0), axis=0)
-            y = decay * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w[None, :], axis=1)
+        if T == 1:
+            C_tok = tl.load(C_row + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            y = decay0 * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w0[None, :], axis=1)
             if has_d:
-                y += d_skip * tl.sum(tl.where(offs_m[None, :] == k + t, X, 0.0), axis=1)
+                y += d_skip * tl.sum(tl.where(offs_m[None, :] == k, X, 0.0), axis=1)
             if has_z:
-                zv = tl.load(z_base + t * z_t + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+                zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
                 y = y * zv * tl.sigmoid(zv)
-            tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+            tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        else:  # every token's output at once, (BLOCK_P, TP): the checkpoint's part per token, the ring's in one product
+            Yc = tl.zeros((BLOCK_P, TP), dtype=tl.float32)
+            for t in tl.static_range(T):
+                C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+                yc = tl.sum(s0 * C_tok[None, :], axis=1)
+                Yc = tl.where(offs_t[None, :] == t, yc[:, None], Yc)
+            Y = Yc * decays[None, :] + tl.sum(X[:, :, None] * weights[None, :, :], axis=1)
+            out_mask = mask_p[:, None] & (offs_t[None, :] < T)
+            if has_d:
+                Xt = tl.load(x_base + offs_t[None, :] * x_t + offs_p[:, None] * x_p, mask=out_mask, other=0.0)
+                Y += d_skip * Xt.to(tl.float32)
+            if has_z:
+                Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=out_mask, other=0.0)
+                Z = Z.to(tl.float32)
+                Y = Y * Z * tl.sigmoid(Z)
+            out_at = o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p
+            tl.store(out_at, Y.to(o_base.dtype.element_ty), mask=out_mask)
         if FOLD:
             s = s0
             for j in range(0, fold):
@@ -470,6 +481,8 @@ def _write_through_tiles(
     seed_ptr,
     element,
     pid_p,
+    valid,
+    quick,
     has_d,
     has_z,
     P: tl.constexpr,
@@ -484,7 +497,8 @@ def _write_through_tiles(
     """One token (inputs from :func:`_token_scalars`) into a checkpoint whose ring is empty, written
     back at ``write_base``: the write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C
     (+ D x, z gate)``, with no ring to read or fill (a window-0 plan's rows once their rings are
-    empty)."""
+    empty). Loads only for a ``valid`` row, stores only where ``quick`` (known once the cursors
+    arrive), so that the first tile's loads are not held behind the cursor loads."""
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     seed = 0
@@ -496,16 +510,16 @@ def _write_through_tiles(
         mask_p = offs_p < P
         mask = mask_p[:, None] & mask_n[None, :]
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        s0 = tl.load(read_base + tile, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+        s0 = tl.load(read_base + tile, mask=mask & valid, other=0.0).to(tl.float32)
+        x = tl.load(x_base + offs_p * x_p, mask=mask_p & valid, other=0.0).to(tl.float32)
         s = tl.fma(s0, decay, (d * x)[:, None] * Bv[None, :])
         y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
         if has_z:
-            zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+            zv = tl.load(z_base + offs_p * z_p, mask=mask_p & valid, other=0.0).to(tl.float32)
             y = y * zv * tl.sigmoid(zv)
-        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p & quick)
         stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-        tl.store(write_base + tile, stored, mask=mask)
+        tl.store(write_base + tile, stored, mask=mask & quick)
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])
