@@ -60,9 +60,10 @@ def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
 
 def fold_heads_choices(problem, options) -> list[int]:
     """Heads per program of the fold kernel worth timing (divisors of the heads per group): one,
-    four and up to sixteen, or the ``fold_heads`` option (0: none)."""
+    four and up to sixteen, or the ``fold_heads`` option (0: none); for speculative steps only with
+    an fp32 checkpoint (the step reads the folded checkpoint, which must not be rounded)."""
     p = problem
-    if options.fold_heads == 0:
+    if options.fold_heads == 0 or (p.speculative and p.state_dtype != "fp32"):
         return []
     if options.fold_heads > 0:
         return [options.fold_heads]
@@ -82,7 +83,7 @@ def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str)
     p, o = problem, options
     pins = f"|pin {o.block_p}:{o.num_warps}:{o.tiles_per_program}:{o.loop_stages}" if o.block_p or o.num_warps else ""
     return (
-        f"{gpu}|triton {triton_version}|replay v8 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v9 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if o.stochastic_rounding else ''}{pins}|batch {bucket}"
     )

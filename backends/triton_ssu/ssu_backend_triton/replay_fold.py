@@ -13,7 +13,8 @@ with ``X`` the tile's rows of x over the folded positions, ``B`` their B rows an
 running sum of A d (fp32 products and sums: ``input_precision="ieee"``), and stores the checkpoint
 rounded once. For a one-token step it also stores the token's output from it (``y = checkpoint' .
 C + D x``, gated by z), and the step kernel's programs of that row only move the cursors; for a
-speculative step the step kernel then serves the row from the new checkpoint and an empty ring.
+speculative step the step kernel then serves the row from the new checkpoint and an empty ring,
+so that path is taken for fp32 checkpoints only (the outputs must come from the unrounded state).
 This kernel reads the cursors and never writes them: the step kernel that follows sees the same
 cursors, decides the same rows by the same rule and moves their cursors.
 

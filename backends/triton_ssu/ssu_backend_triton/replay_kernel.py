@@ -29,13 +29,14 @@ Flush rules (``window`` W, ``count`` k):
 With ``FOLDED`` (a plan that names the fold kernel, :mod:`.replay_fold`, launched just before) the
 step kernel is compiled without a fold of its own. In a one-token step the rows that flush were
 folded, stored and answered by that kernel: their programs here only move the cursors. In a
-speculative step that kernel folded those rows' rings into their checkpoints: their programs
-here read the new checkpoint with an empty ring (``start + k``, no tokens) and append as usual.
+speculative step (fp32 checkpoints only) that kernel folded those rows' rings into their
+checkpoints: their programs here read the new checkpoint with an empty ring (``start + k``, no
+tokens) and append as usual.
 
-With ``WRITE_THROUGH`` (a one-token step whose plan has window 0 and no fold kernel) a row that
-flushes an empty ring takes a short path with no ring to read or fill: the write-every-step update
-of its tiles. Rows whose ring still holds tokens (stepped before in a bucket with a window) take
-the general path once and have empty rings afterwards.
+With ``WRITE_THROUGH`` (a one-token step whose plan has window 0 and no fold kernel) every row
+flushes, and the kernel is compiled with only the write-every-step update of each tile: a ring
+that still holds tokens (its slot stepped before in a bucket with a window) is folded into the
+tile token by token first, and is empty afterwards.
 
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
 (an atomic count per slot and layer) when it is done, and the last program of the row writes the
@@ -181,114 +182,116 @@ def replay_kernel(
     owner, moved, flush, fold, append = flush_rule(slot, dst, dst_ok, k, window, T, SPECULATIVE)
     target = tl.where(moved, dst, safe)
 
-    k_read = k  # the ring tokens this step reads (after the fold kernel's fold, none)
-    start_read = start
-    if FOLDED:
-        if SPECULATIVE:  # the fold kernel has folded the rings of the rows that flush: they read from empty rings
-            k_read = tl.where(flush, 0, k)
-            start_read = tl.where(flush, (start + k) % RING, start)
-            serve = flush | True
-        else:  # the fold kernel has served the rows that flush; their programs only move the cursors
-            serve = flush == 0
-    elif WRITE_THROUGH:  # a row that flushes an empty ring is a write-every-step row: the short path
-        quick = flush & (k == 0)
-        serve = quick == 0
-        # every row with a slot runs it, storing only where quick: its loads need not wait for the cursors
+    if WRITE_THROUGH:  # every row flushes: the write-every-step update, any ring tokens folded first
         _write_through_tiles(
             ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
             x_ptr + row * x_b + head * x_h, x_p, z_ptr + row * z_b + head * z_h, z_p,
-            out_ptr + row * o_b + head * o_h, o_p, *wt, seed_ptr,
-            (target * 65599 + head * P * N).to(tl.uint32), pid_p, valid, quick, has_d, has_z,
-            P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
+            out_ptr + row * o_b + head * o_h, o_p, *wt, xr_ptr + safe * xr_slot + head * (RING * P),
+            Br_ptr + safe * Br_slot + group * (RING * N), dr_ptr + safe * dr_slot + head * RING,
+            ar_ptr + safe * dr_slot + head * RING, start, k, seed_ptr,
+            (target * 65599 + head * P * N).to(tl.uint32), pid_p, tl.where(valid, P, 0), tl.where(flush, P, 0),
+            has_d, has_z,
+            RING, P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
         )  # fmt: skip
     else:
-        serve = flush | True
-    if serve:
-        # the sequence of positions: the ring's k tokens, then the step's T
-        offs_m = tl.arange(0, M)
-        in_ring = offs_m < k_read
-        in_new = (offs_m >= k_read) & (offs_m < k_read + T)
-        tok = tl.where(in_new, offs_m - k_read, 0)
-        ring_row = (start_read + offs_m) % RING
-        a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
-        bias = 0.0
-        if has_dt_bias:
-            bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
-        d_skip = 0.0
-        if has_d:
-            d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
-        d_new = softplus_dt(
-            tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
-            softplus,
-        )
-        d_base = dr_ptr + safe * dr_slot + head * RING
-        a_base = ar_ptr + safe * dr_slot + head * RING
-        d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
-        a_m = tl.where(
-            in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0)
-        )
-        cum = tl.cumsum(a_m, 0)
-        offs_n = tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
-        B_ring = tl.load(
-            Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
-        )
-        B_new = tl.load(
-            B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
-            mask=in_new[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-        B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
-
-        # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
-        offs_t = tl.arange(0, TP)
-        weights = tl.zeros((M, TP), dtype=tl.float32)
-        decays = tl.zeros((TP,), dtype=tl.float32)
-        for t in tl.static_range(T):
-            C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
-                tl.float32
+        k_read = k  # the ring tokens this step reads (after the fold kernel's fold, none)
+        start_read = start
+        if FOLDED:
+            if SPECULATIVE:  # the fold kernel has folded the rings of the rows that flush: they read from empty rings
+                k_read = tl.where(flush, 0, k)
+                start_read = tl.where(flush, (start + k) % RING, start)
+                serve = flush | True
+            else:  # the fold kernel has served the rows that flush; their programs only move the cursors
+                serve = flush == 0
+        else:
+            serve = flush | True
+        if serve:
+            # the sequence of positions: the ring's k tokens, then the step's T
+            offs_m = tl.arange(0, M)
+            in_ring = offs_m < k_read
+            in_new = (offs_m >= k_read) & (offs_m < k_read + T)
+            tok = tl.where(in_new, offs_m - k_read, 0)
+            ring_row = (start_read + offs_m) % RING
+            a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
+            bias = 0.0
+            if has_dt_bias:
+                bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
+            d_skip = 0.0
+            if has_d:
+                d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
+            d_new = softplus_dt(
+                tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
+                softplus,
             )
-            gram = tl.sum(B_m * C_tok[None, :], axis=1)
-            m = k_read + t
-            cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
-            w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
-            weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
-            decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
+            d_base = dr_ptr + safe * dr_slot + head * RING
+            a_base = ar_ptr + safe * dr_slot + head * RING
+            d_m = tl.where(in_ring, tl.load(d_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, d_new, 0.0))
+            a_m = tl.where(
+                in_ring, tl.load(a_base + ring_row, mask=in_ring, other=0.0), tl.where(in_new, a_head * d_new, 0.0)
+            )
+            cum = tl.cumsum(a_m, 0)
+            offs_n = tl.arange(0, BLOCK_N)
+            mask_n = offs_n < N
+            Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
+            B_ring = tl.load(
+                Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
+            )
+            B_new = tl.load(
+                B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
+                mask=in_new[:, None] & mask_n[None, :],
+                other=0.0,
+            )
+            B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
 
-        # the new tokens' d, a and B join the ring (one program of the head, of the group)
-        if append & (pid_p == 0):
-            tl.store(d_base + ring_row, d_m, mask=in_new)
-            tl.store(a_base + ring_row, a_m, mask=in_new)
-            if head % HEADS_PER_GROUP == 0:
-                tl.store(
-                    Br_base + ring_row[:, None] * N + offs_n[None, :],
-                    B_new,
-                    mask=in_new[:, None] & mask_n[None, :],
+            # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
+            offs_t = tl.arange(0, TP)
+            weights = tl.zeros((M, TP), dtype=tl.float32)
+            decays = tl.zeros((TP,), dtype=tl.float32)
+            for t in tl.static_range(T):
+                C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
+                    tl.float32
                 )
+                gram = tl.sum(B_m * C_tok[None, :], axis=1)
+                m = k_read + t
+                cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
+                w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
+                weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
+                decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
 
-        seed = 0
-        if STOCHASTIC:
-            seed = tl.load(seed_ptr)
-        element = (target * 65599 + head * P * N).to(tl.uint32)
-        read_base = ck_ptr + safe * ck_slot + head * ck_head
-        write_base = ck_ptr + target * ck_slot + head * ck_head
-        xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
-        x_base = x_ptr + row * x_b + head * x_h
-        state_rows = tl.where(valid, P, 0)
-        args = (
-            read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
-            C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
-            ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
-            pid_p, state_rows, append, start_read, k_read, fold, ring_row, in_ring, in_new, tok, offs_m, offs_n, mask_n,
-            weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
-        )  # fmt: skip
-        if FOLDED:  # the rows served here read the checkpoint only
-            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
-        elif flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
-            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
-        else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
-            _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+            # the new tokens' d, a and B join the ring (one program of the head, of the group)
+            if append & (pid_p == 0):
+                tl.store(d_base + ring_row, d_m, mask=in_new)
+                tl.store(a_base + ring_row, a_m, mask=in_new)
+                if head % HEADS_PER_GROUP == 0:
+                    tl.store(
+                        Br_base + ring_row[:, None] * N + offs_n[None, :],
+                        B_new,
+                        mask=in_new[:, None] & mask_n[None, :],
+                    )
+
+            seed = 0
+            if STOCHASTIC:
+                seed = tl.load(seed_ptr)
+            element = (target * 65599 + head * P * N).to(tl.uint32)
+            read_base = ck_ptr + safe * ck_slot + head * ck_head
+            write_base = ck_ptr + target * ck_slot + head * ck_head
+            xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
+            x_base = x_ptr + row * x_b + head * x_h
+            state_rows = tl.where(valid, P, 0)
+            args = (
+                read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
+                C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+                ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
+                pid_p, state_rows, append, start_read, k_read, fold, ring_row, in_ring, in_new, tok, offs_m,
+                offs_n, mask_n,
+                weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
+            )  # fmt: skip
+            if FOLDED:  # the rows served here read the checkpoint only
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+            elif flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
+            else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
 
     # cursors: the last program of a row whose cursors change writes them
     if SPECULATIVE:
@@ -478,13 +481,20 @@ def _write_through_tiles(
     d_skip,
     Bv,
     Cv,
+    xr_base,
+    Br_base,
+    d_base,
+    a_base,
+    start,
+    k,
     seed_ptr,
     element,
     pid_p,
-    valid,
-    quick,
+    read_rows,
+    write_rows,
     has_d,
     has_z,
+    RING: tl.constexpr,
     P: tl.constexpr,
     N: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -494,11 +504,13 @@ def _write_through_tiles(
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
 ):
-    """One token (inputs from :func:`_token_scalars`) into a checkpoint whose ring is empty, written
-    back at ``write_base``: the write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C
-    (+ D x, z gate)``, with no ring to read or fill (a window-0 plan's rows once their rings are
-    empty). Loads only for a ``valid`` row, stores only where ``quick`` (known once the cursors
-    arrive), so that the first tile's loads are not held behind the cursor loads."""
+    """A window-0 step of one token (inputs from :func:`_token_scalars`), written back at
+    ``write_base``: the ring's ``k`` tokens from row ``start`` folded into the checkpoint one by one
+    (none once a slot has stepped here: only a slot that stepped in a bucket with a window has
+    any), then the write-every-step update ``s = exp(A d) s + d x B^T``, ``y = s . C (+ D x, z
+    gate)``. Reads checkpoint rows below ``read_rows`` (P for a row with a slot; a pad row's state
+    is zero) and writes those below ``write_rows`` (P where the row flushes: every row with a
+    slot); every row's outputs are stored. The first tile's loads are not held behind the cursors."""
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     seed = 0
@@ -508,18 +520,25 @@ def _write_through_tiles(
     for i in tl.range(0, TILES, num_stages=STAGES):
         offs_p = (pid_p * TILES + i) * BLOCK_P + rows
         mask_p = offs_p < P
-        mask = mask_p[:, None] & mask_n[None, :]
+        read_p = offs_p < read_rows
+        write_p = offs_p < write_rows
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        s0 = tl.load(read_base + tile, mask=mask & valid, other=0.0).to(tl.float32)
-        x = tl.load(x_base + offs_p * x_p, mask=mask_p & valid, other=0.0).to(tl.float32)
-        s = tl.fma(s0, decay, (d * x)[:, None] * Bv[None, :])
+        s = tl.load(read_base + tile, mask=read_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        x = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+        for j in range(0, k):  # ring tokens left by a bucket with a window
+            r = (start + j) % RING
+            x_j = tl.load(xr_base + r * P + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+            B_j = tl.load(Br_base + r * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            d_j = tl.load(d_base + r)
+            s = tl.fma(s, tl.exp(tl.load(a_base + r)), (d_j * x_j)[:, None] * B_j[None, :])
+        s = tl.fma(s, decay, (d * x)[:, None] * Bv[None, :])
         y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
         if has_z:
-            zv = tl.load(z_base + offs_p * z_p, mask=mask_p & valid, other=0.0).to(tl.float32)
+            zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
             y = y * zv * tl.sigmoid(zv)
-        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p & quick)
+        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
         stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-        tl.store(write_base + tile, stored, mask=mask & quick)
+        tl.store(write_base + tile, stored, mask=write_p[:, None] & mask_n[None, :])
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])
