@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import flush_rule
+from .replay_kernel import flush_rule, head_terms
 from .tiles import rounded_state, row_slots, softplus_dt
 
 
@@ -150,12 +150,7 @@ def fold_kernel(
             seed = tl.load(seed_ptr)
         for hh in range(0, HEADS):
             head = head0 + hh
-            bias = 0.0
-            if has_dt_bias:
-                bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
-            d_skip = 0.0
-            if has_d:
-                d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
+            bias, d_skip = head_terms(dt_bias_ptr + head * bias_h, D_ptr + head * d_h, has_dt_bias, has_d)
             d_new = 0.0
             a_new = 0.0
             if not SPECULATIVE:

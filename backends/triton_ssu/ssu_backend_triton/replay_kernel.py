@@ -75,6 +75,18 @@ def flush_rule(slot, dst, dst_ok, k, window, T: tl.constexpr, SPECULATIVE: tl.co
     return owner, moved, flush, fold, append
 
 
+@triton.jit
+def head_terms(bias_at, D_at, has_dt_bias, has_d):
+    """A head's dt bias and skip coefficient D in fp32, 0 for the inputs not given."""
+    bias = 0.0
+    if has_dt_bias:
+        bias = tl.load(bias_at).to(tl.float32)
+    d_skip = 0.0
+    if has_d:
+        d_skip = tl.load(D_at).to(tl.float32)
+    return bias, d_skip
+
+
 @triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
 def replay_kernel(
     ck_ptr,
@@ -213,12 +225,7 @@ def replay_kernel(
             tok = tl.where(in_new, offs_m - k_read, 0)
             ring_row = (start_read + offs_m) % RING
             a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
-            bias = 0.0
-            if has_dt_bias:
-                bias = tl.load(dt_bias_ptr + head * bias_h).to(tl.float32)
-            d_skip = 0.0
-            if has_d:
-                d_skip = tl.load(D_ptr + head * d_h).to(tl.float32)
+            bias, d_skip = head_terms(dt_bias_ptr + head * bias_h, D_ptr + head * d_h, has_dt_bias, has_d)
             d_new = softplus_dt(
                 tl.load(dt_ptr + row * dt_b + tok * dt_t + head * dt_h, mask=in_new, other=0.0).to(tl.float32) + bias,
                 softplus,
