@@ -153,6 +153,8 @@ class ReplayLauncher:
             plan = plan._replace(window=o.window)
         if o.fold_heads >= 0:
             plan = plan._replace(fold=o.fold_heads)
+        if self.problem.speculative and self.problem.state_dtype != "fp32":
+            plan = plan._replace(fold=0)  # the step would read a rounded checkpoint (replay_fold)
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan

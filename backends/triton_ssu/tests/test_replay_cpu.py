@@ -245,7 +245,7 @@ def test_default_plans_and_cached_plans():
 def test_fold_kernel_choices():
     """The fold kernel is timed with heads per program that divide the heads of a group, for
     one-token steps and speculative ones with an fp32 checkpoint; the ``fold_heads`` option fixes
-    or forbids it."""
+    or forbids it, and a speculative plan over another checkpoint dtype never takes it."""
     options = opened(problem()).options
     p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
     assert replay_engine.fold_heads_choices(p, options) == [1, 4, 16]
@@ -253,6 +253,8 @@ def test_fold_kernel_choices():
     spec = problem(tokens_per_step=2, speculative=True, device="cpu")
     assert replay_engine.fold_heads_choices(spec, options) == [1, 2]
     assert replay_engine.fold_heads_choices(attrs.evolve(spec, state_dtype="bf16"), options) == []
+    pinned = opened(problem(tokens_per_step=2, speculative=True, state_dtype="bf16"), fold_heads=2)
+    assert pinned._ctx.memo["launcher"].table[1].fold == 0
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=0)) == []
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
     plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
