@@ -6,7 +6,8 @@ writes its checkpoint ("write"). Prints microseconds and the bandwidth of each r
     python benchmarks/replay_probe.py --state-dtype fp32,bf16 --batches 128,1024 \
         --plans 8:1:8:4,8:1:8:4:16
 
-A plan's fifth number is the fold kernel's heads per program (0 or absent: rows fold inside the
+``--tokens`` above 1 times a speculative step instead (the regimes as :func:`regime_cursors` sets
+them). A plan's fifth number is the fold kernel's heads per program (0 or absent: rows fold inside the
 step kernel). ``--kernels`` names modules that define ``replay_kernel`` with the shipped kernel's
 signature (the shipped one by default), so that kernel variants are compared in one run. CUDA-graph replays, cold
 L2 (slot sets rotated), the median; the copy that resets the cursors before each launch is timed
