@@ -46,16 +46,16 @@ def regime_cursors(regime: str, shape, window: int, tokens: int, gen):
     return start, count
 
 
-def regime_bytes(problem, batch: int, regime: str, window: int, counts, tokens: int) -> float:
+def regime_bytes(problem, batch: int, regime: str, window: int, counts) -> float:
     """Bytes a launch must move in ``regime``: the checkpoints read, those written, ring rows read
-    and appended, inputs and outputs of ``tokens`` tokens."""
-    from ssu.dtypes import ITEMSIZE
+    and appended, inputs and outputs."""
+    from ssu.traffic import io_bytes
+    from ssu_backend_triton.replay_layout import token_bytes
 
     p = problem
-    st, inp = ITEMSIZE[p.state_dtype], ITEMSIZE[p.input_dtype]
-    ck = p.nheads * p.headdim * p.dstate * st
-    ring_row = p.nheads * p.headdim * inp + p.ngroups * p.dstate * inp + 2 * p.nheads * 4
-    io = 3 * p.nheads * p.headdim * inp + 2 * p.ngroups * p.dstate * inp + p.nheads * inp
+    tokens = p.tokens_per_step
+    ck = p.state_bytes_per_slot()
+    ring_row = token_bytes(p)
     mean_k = float(counts.float().mean())
     if tokens > 1:  # speculative: a row with tokens in its ring folds them when the new ones do not fit
         flushing = float(((counts > 0) & (counts + tokens > (0 if regime == "write" else window))).float().mean())
@@ -63,11 +63,10 @@ def regime_bytes(problem, batch: int, regime: str, window: int, counts, tokens: 
     else:
         flushing = {"ring": 0.0, "flush": 1.0, "write": 1.0}.get(regime, float((counts >= window).float().mean()))
         appended = 1 - flushing
-    return batch * (ck * (1 + flushing) + ring_row * (mean_k + appended) + io * tokens)
+    return batch * (ck * (1 + flushing) + ring_row * (mean_k + appended)) + io_bytes(p, batch)
 
 
 def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: int) -> tuple:
-    T = problem.tokens_per_step
     """(microseconds, bytes) of one launch of ``plan`` in ``regime``."""
     import torch
 
@@ -77,6 +76,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     from ssu_backend_triton.replay_launch import Plan, ReplayConstants
 
     replay_launch.replay_kernel = importlib.import_module(kernel_module).replay_kernel
+    T = problem.tokens_per_step
     ring = window + T
     slot_bytes = problem.state_bytes_per_slot() + replay_layout.ring_bytes_per_slot(problem, ring)
     sets = max(1, min(16, -(-(256 << 20) // (slot_bytes * batch))))
@@ -115,7 +115,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     us_reset = graph_time_us([reset], replays=7, warmup=1, min_launches=32)
     if int(record.item()) != 0:
         raise RuntimeError("the probe's rows were refused")
-    return us - us_reset, regime_bytes(problem, batch, regime, window, count, T)
+    return us - us_reset, regime_bytes(problem, batch, regime, window, count)
 
 
 def main(argv=None) -> None:

@@ -58,12 +58,19 @@ def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
     return sorted(set(out))
 
 
+def fold_kernel_allowed(problem) -> bool:
+    """Whether a plan may name the fold kernel: for one-token steps, and for speculative steps with
+    an fp32 checkpoint only (a speculative step reads the folded checkpoint, which must not be
+    rounded before that step's outputs are computed: :mod:`.replay_fold`)."""
+    return not problem.speculative or problem.state_dtype == "fp32"
+
+
 def fold_heads_choices(problem, options) -> list[int]:
     """Heads per program of the fold kernel worth timing (divisors of the heads per group): one,
-    four and up to sixteen, or the ``fold_heads`` option (0: none); for speculative steps only with
-    an fp32 checkpoint (the step reads the folded checkpoint, which must not be rounded)."""
+    four and up to sixteen, or the ``fold_heads`` option (0: none); none where
+    :func:`fold_kernel_allowed` says no."""
     p = problem
-    if options.fold_heads == 0 or (p.speculative and p.state_dtype != "fp32"):
+    if options.fold_heads == 0 or not fold_kernel_allowed(p):
         return []
     if options.fold_heads > 0:
         return [options.fold_heads]
@@ -153,8 +160,8 @@ class ReplayLauncher:
             plan = plan._replace(window=o.window)
         if o.fold_heads >= 0:
             plan = plan._replace(fold=o.fold_heads)
-        if self.problem.speculative and self.problem.state_dtype != "fp32":
-            plan = plan._replace(fold=0)  # the step would read a rounded checkpoint (replay_fold)
+        if not fold_kernel_allowed(self.problem):
+            plan = plan._replace(fold=0)
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan

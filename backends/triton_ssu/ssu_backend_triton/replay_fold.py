@@ -139,7 +139,6 @@ def fold_kernel(
         B_m = tl.load(
             Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
         ).to(tl.float32)
-        C_row = offs_n * 0.0
         if not SPECULATIVE:
             B_new = tl.load(B_ptr + row * B_b + group * B_g + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
             B_m = tl.where(is_new[:, None], B_new[None, :], B_m)
@@ -180,7 +179,6 @@ def fold_kernel(
                     mask=mask_p[:, None] & in_ring[None, :],
                     other=0.0,
                 ).to(tl.float32)
-                x_new = offs_p * 0.0
                 if not SPECULATIVE:
                     x_new = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
                     X = tl.where(is_new[None, :], x_new[:, None], X)

@@ -91,8 +91,7 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
         PDL=pdl,
         launch_pdl=pdl,
     )
-    # a speculative step reads the folded checkpoint: only where folding does not round it (fp32)
-    folded = bool(fold) and (not consts.speculative or ck.dtype == torch.float32)
+    folded = bool(fold)  # plans name it only where replay_engine.fold_kernel_allowed
     if folded:
         heads = math.gcd(fold, consts.heads_per_group)
         fold_kernel[(H // heads, b)](
