@@ -7,6 +7,8 @@ default.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import triton
 
@@ -32,6 +34,7 @@ class Launcher:
         self.table: list = [None] * (p.max_batch + 1)
         self._scratch_cursor = None
         self._scratch_faults = None
+        self.tuned_us: dict = {}  # bucket -> microseconds of its schedule, as tuned (now or in the cache)
         for bucket in tuning.buckets(p.max_batch):
             self.set_bucket(bucket, self.pinned() or tuning.default_config(p, bucket))
         if on_cuda and self.pinned() is None:  # reuse what an earlier process tuned
@@ -171,9 +174,55 @@ class Launcher:
         return step
 
     # warmup helpers ------------------------------------------------------------------------------
-    def run_scratch(self, config, ssm, slots, inputs, out) -> None:
+    def tune(self, log) -> dict:
+        """Warmup's tuning: per batch bucket, time the candidate schedules on scratch states (never
+        a live state), keep the fastest; buckets found in the JSON cache are read, not timed; a
+        pinned schedule is kept. Writes and returns the new cache entries."""
+        p, o = self.problem, self.options
+        path = tuning.cache_path(o.tuning_cache)
+        cached = tuning.read_cache(path)
+        fresh = {}
+        configs = tuning.candidates(p)
+        pinned = self.pinned()
+        for bucket in tuning.buckets(p.max_batch):
+            if pinned is not None:
+                self.set_bucket(bucket, pinned)
+                continue
+            key = self.cache_key(bucket)
+            schedule = tuning.cached_schedule(cached, key)
+            if schedule is not None:
+                self.set_bucket(bucket, schedule)
+                us = cached[key].get("us")
+                if isinstance(us, (int, float)):
+                    self.tuned_us[bucket] = float(us)
+                log(f"batch {bucket:5d}: tuned {schedule} from {path}")
+                continue
+            t0 = time.perf_counter()
+            best = tuning.tune_bucket(
+                p,
+                bucket,
+                self.run_scratch,
+                configs,
+                o.tune_iterations,
+                log,
+                try_pdl=o.programmatic_launch == "auto",
+                try_branchless=o.branchless_inputs == "auto",
+            )
+            if best is None:
+                log(f"batch {bucket:5d}: every candidate failed; keeping the default")
+                continue
+            config, us = best
+            self.set_bucket(bucket, config)
+            self.tuned_us[bucket] = us
+            fresh[key] = {"config": list(config), "us": round(us, 2)}
+            took = time.perf_counter() - t0
+            log(f"batch {bucket:5d}: tuned {config}, {us:.1f} us ({len(configs)} candidates, {took:.1f} s)")
+        tuning.write_cache(path, fresh)
+        return fresh
+
+    def run_scratch(self, config, ssm, slots, inputs, out, compile_only: bool = False) -> None:
         """One launch on scratch state ``ssm`` (S, K, H, P, N) with the given config (its own fault
-        record: the scratch slots are all real)."""
+        record: the scratch slots are all real); with ``compile_only``, its kernel compiled only."""
         p = self.problem
         cursor = None
         if p.speculative:
@@ -203,6 +252,7 @@ class Launcher:
             self._scratch_faults,
             consts,
             config,
+            compile_only,
         )
 
     def compile_all(self) -> None:
@@ -217,7 +267,12 @@ class Launcher:
             slots = torch.tensor([0, -1], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
             inputs = step_inputs(p, slots, gen)
             out = torch.empty_like(inputs.x)
-            for config in sorted(set(c for c in self.table if c is not None)):
+            configs = sorted(set(c for c in self.table if c is not None))
+            tuning.compile_in_parallel(
+                lambda c=c, s=slots, i=inputs, o=out: self.run_scratch(c, ssm, s, i, o, compile_only=True)
+                for c in configs
+            )
+            for config in configs:
                 self.run_scratch(config, ssm, slots, inputs, out)
         if p.device_type == "cuda":
             torch.cuda.synchronize()

@@ -52,6 +52,7 @@ def launch(
     faults,
     consts: StepConstants,
     schedule,
+    compile_only: bool = False,
 ):
     """Launch one step of one layer: states read from ``read`` and written to ``write``, both
     (slots, versions, H, P, N) views (:class:`ssu.slot_state.LayerViews`); ``schedule`` a
@@ -64,7 +65,8 @@ def launch(
     anything, so the launch of one step overlaps the drain of the kernel before it) and
     ``branchless`` (the optional inputs loaded with predicated loads instead of uniform
     branches). Returns Triton's handle of the compiled kernel (its PTX and register count are
-    what tests and the schedule probe inspect)."""
+    what tests and the schedule probe inspect). With ``compile_only`` the kernel is compiled (or
+    queued for compilation, :func:`~ssu_backend_triton.tuning.compile_in_parallel`), not run."""
     block_p, num_warps, tiles, stages, maxnreg, pdl, branchless = schedule
     b = x.shape[0]
     multi = x.dim() == 4
@@ -82,7 +84,8 @@ def launch(
     ws = write.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(read.device)
-    return ssu_kernel[grid](
+    kernel = ssu_kernel.warmup if compile_only else ssu_kernel[grid]
+    return kernel(
         read,
         write,
         cursor if cursor is not None else slots,
@@ -157,4 +160,5 @@ def launch(
         num_warps=num_warps,
         maxnreg=maxnreg or None,
         launch_pdl=pdl,
+        **({"grid": grid} if compile_only else {}),
     )

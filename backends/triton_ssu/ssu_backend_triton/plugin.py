@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 
 import ssu
 from ssu import slot_state
@@ -154,48 +153,12 @@ def ssu_warmup(ctx, state, step):
     from .engine import Launcher
 
     launcher: Launcher = ctx.memo["launcher"]
-    p = ctx.problem
-    if p.device_type != "cuda":
+    if ctx.problem.device_type != "cuda":
         _log("warmup on the CPU (interpreter): nothing to compile or tune")
         return
-    path = tuning.cache_path(ctx.options.tuning_cache)
-    cached = tuning.read_cache(path)
-    fresh = {}
-    configs = tuning.candidates(p)
-    for bucket in tuning.buckets(p.max_batch):
-        key = launcher.cache_key(bucket)
-        pinned = launcher.pinned()
-        if pinned is not None:
-            launcher.set_bucket(bucket, pinned)
-            continue
-        schedule = tuning.cached_schedule(cached, key)
-        if schedule is not None:
-            launcher.set_bucket(bucket, schedule)
-            _log(f"batch {bucket:5d}: tuned {schedule} from {path}")
-            continue
-        t0 = time.perf_counter()
-        best = tuning.tune_bucket(
-            p,
-            bucket,
-            launcher.run_scratch,
-            configs,
-            ctx.options.tune_iterations,
-            _log,
-            try_pdl=ctx.options.programmatic_launch == "auto",
-            try_branchless=ctx.options.branchless_inputs == "auto",
-        )
-        if best is None:
-            _log(f"batch {bucket:5d}: every candidate failed; keeping the default")
-            continue
-        config, us = best
-        launcher.set_bucket(bucket, config)
-        fresh[key] = {"config": list(config), "us": round(us, 2)}
-        _log(
-            f"batch {bucket:5d}: tuned {config}, {us:.1f} us "
-            f"({len(configs)} candidates, {time.perf_counter() - t0:.1f} s)"
-        )
-    tuning.write_cache(path, fresh)
+    fresh = launcher.tune(_log)
     launcher.compile_all()
+    path = tuning.cache_path(ctx.options.tuning_cache)
     if fresh and path is not None:
         _log(f"saved {len(fresh)} tuned bucket(s) to {path}")
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -49,9 +50,18 @@ class ReplayConstants(NamedTuple):
     philox_rounds: int
 
 
-def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan):
+def _launcher(jit, grid, compile_only: bool):
+    """``jit[grid]``, or with ``compile_only`` its compile-only form (``jit.warmup`` on ``grid``)."""
+    return functools.partial(jit.warmup, grid=grid) if compile_only else jit[grid]
+
+
+def launch(
+    views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan,
+    compile_only=False,
+):  # fmt: skip
     """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
-    Returns Triton's handle of the compiled step kernel."""
+    Returns Triton's handle of the compiled step kernel. With ``compile_only`` the kernels are
+    compiled (or queued for compilation, :func:`~.tuning.compile_in_parallel`), not run."""
     block_p, num_warps, tiles, stages, window, pdl, fold = plan
     b = x.shape[0]
     multi = x.dim() == 4
@@ -94,7 +104,7 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
     folded = bool(fold)  # plans name it only where replay_engine.fold_kernel_allowed
     if folded:
         heads = math.gcd(fold, consts.heads_per_group)
-        fold_kernel[(H // heads, b)](
+        _launcher(fold_kernel, (H // heads, b), compile_only)(
             *args,
             T=T,
             SPECULATIVE=consts.speculative,
@@ -105,7 +115,7 @@ def launch(views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, 
             num_warps=FOLD_WARPS,
             **shared,
         )
-    return replay_kernel[grid](
+    return _launcher(replay_kernel, grid, compile_only)(
         *args,
         T=T,
         TP=triton.next_power_of_2(T),

@@ -178,6 +178,27 @@ def write_cache(path: Optional[Path], entries: dict) -> None:
         write_atomically(path, json.dumps(merged, indent=1, sort_keys=True))
 
 
+def compile_in_parallel(calls) -> None:
+    """Run ``calls``, each a launch made with ``compile_only`` (a kernel compiled, not run), with
+    Triton compiling them in a pool of threads (``triton.AsyncCompileMode``): warmup compiles tens
+    of kernel variants, most of whose time is spent outside Python. Returns once all are compiled.
+    A variant the compiler rejects is left for its real launch to report (tuning skips it). Under
+    the interpreter, or a Triton without the mode, nothing is compiled ahead."""
+    import triton
+
+    mode = getattr(triton, "AsyncCompileMode", None)
+    if mode is None or os.environ.get("TRITON_INTERPRET", "") == "1":
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool, mode(pool, ignore_errors=True):
+        for call in calls:
+            try:
+                call()
+            except Exception:  # reported by the real launch
+                pass
+
+
 def tune_bucket(
     problem,
     bucket: int,
@@ -195,7 +216,9 @@ def tune_bucket(
     spill: docs/benchmarks.md); returns (best config, its microseconds). Back-to-back launches of
     the same step are timed, so a launch with PDL overlaps the drain of the step before it.
 
-    ``run(config, scratch_ssm, slots, inputs, out)`` launches one step on the scratch state.
+    ``run(config, scratch_ssm, slots, inputs, out, compile_only=False)`` launches one step on the
+    scratch state (with ``compile_only``, compiles its kernel only: every config is compiled at
+    once, in parallel, before the timing).
     """
     import torch
 
@@ -233,6 +256,9 @@ def tune_bucket(
         if best is None or us < best[1]:
             best = (config, us)
 
+    compile_in_parallel(
+        lambda c=c: run(c, scratch, slot_sets[0], inputs[0], outs[0], compile_only=True) for c in configs
+    )
     for config in configs:
         time_config(config)
     # the winner again with programmatic dependent launch, where launches honour it (sm_90 and newer)
