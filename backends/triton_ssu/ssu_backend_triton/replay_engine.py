@@ -6,17 +6,27 @@ from the tuning cache at open), else the default. The flush window is part of th
 batch bucket where bytes are not the limit may write its checkpoints every step while a large one
 keeps ``max_window`` tokens in the ring; the rule of each step depends only on the slot's cursors
 and the step's window, so slots move freely between buckets.
+
+Where every bucket of a one-token problem has window 0, no step appends to a ring: a state whose
+rings have never held a token (its :class:`~.replay_layout.RingRecord` says so) is then the
+``triton`` backend's state exactly, and its steps are that backend's launches, with that
+backend's own tuned schedules (option ``write_through_kernel``). The choice is made per problem,
+once warmup has fixed the table, so that a CUDA graph captured afterwards stays valid: a table
+that writes through everywhere is never tuned again into one with a window.
 """
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import torch
 import triton
 
 from . import tuning
+from .engine import Launcher
+from .options import TritonOptions
 from .replay_launch import Plan, ReplayConstants, commit, launch, replay_step_op  # noqa: F401 (registers the op)
 
 #: batches below which the default plan writes the checkpoint every step (bytes are not the limit there)
@@ -83,6 +93,24 @@ def fold_plans(problem, options, plan: Plan, windows) -> list[Plan]:
     return [plan._replace(window=w, fold=h) for w in windows if w > 0 for h in fold_heads_choices(problem, options)]
 
 
+def triton_options(options) -> TritonOptions:
+    """The ``triton`` backend's options for the steps it serves here: the same launch-shape pins,
+    tuning cache, tuning iterations and rounding; programmatic dependent launch tuned unless
+    turned off."""
+    o = options
+    return TritonOptions(
+        block_p=o.block_p,
+        num_warps=o.num_warps,
+        tiles_per_program=o.tiles_per_program,
+        loop_stages=o.loop_stages,
+        programmatic_launch="auto" if o.programmatic_launch else False,
+        tuning_cache=o.tuning_cache,
+        stochastic_rounding=o.stochastic_rounding,
+        philox_rounds=o.philox_rounds,
+        tune_iterations=o.tune_iterations,
+    )
+
+
 def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str) -> str:
     """The tuning-cache key of one bucket: GPU, Triton version, kernel variant, shape, dtypes, window,
     and the launch-shape pins (a plan tuned under pins is never read by a run without them, nor
@@ -126,6 +154,12 @@ class ReplayLauncher:
             o.stochastic_rounding,
             o.philox_rounds,
         )
+        # the triton backend's launcher, for the steps of a table that writes through everywhere
+        self.write_through: Optional[Launcher] = None
+        if not p.speculative and o.write_through_kernel == "triton":
+            shim = SimpleNamespace(problem=p, options=triton_options(o), scratch=ctx.scratch, faults=ctx.faults)
+            self.write_through = Launcher(shim)
+        self.route = [False]  # whether steps on states with empty rings go to self.write_through
         self.table: list = [None] * (p.max_batch + 1)
         for bucket in tuning.buckets(p.max_batch):
             self.set_bucket(bucket, self.pinned(bucket) or default_plan(p, o, bucket))
@@ -135,6 +169,8 @@ class ReplayLauncher:
                 plan = cached_plan(cached, self.cache_key(bucket))
                 if plan is not None:
                     self.set_bucket(bucket, plan)
+        # opened writing through everywhere: no step of this launcher ever fills a ring
+        self.rings_unused = self.route[0]
 
     # plans ----------------------------------------------------------------------------------------
     def fully_pinned(self) -> bool:
@@ -165,6 +201,9 @@ class ReplayLauncher:
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan
+        self.route[0] = self.write_through is not None and all(
+            plan is not None and plan.window == 0 for plan in self.table[1:]
+        )
 
     def cache_key(self, bucket: int) -> str:
         return plan_cache_key(self.problem, self.options, bucket, self.gpu, triton.__version__)
@@ -172,8 +211,11 @@ class ReplayLauncher:
     # the step and the commit ------------------------------------------------------------------------
     def make_step(self):
         """The step callable: no checks, no allocation but ``out`` when none is given, one launch
-        (through the custom op when compiling)."""
+        (through the custom op when compiling): the triton backend's step where the table writes
+        through everywhere and the state's rings have never held a token, else this backend's."""
         table = self.table
+        route = self.route
+        triton_step = self.write_through.make_step() if self.write_through is not None else None
         seed = self.seed
         faults = self.faults
         consts = self.consts
@@ -200,6 +242,13 @@ class ReplayLauncher:
             if out is None:
                 out = torch.empty_like(x)
             plan = table[x.shape[0]]
+            record = state.record
+            if plan.window:
+                record.ring_tokens = True
+            elif route[0] and not record.ring_tokens:
+                return triton_step(
+                    record.checkpoints, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots
+                )
             views = state.views[layer]
             if is_compiling():
                 op(
@@ -247,8 +296,41 @@ class ReplayLauncher:
 
     # warmup ------------------------------------------------------------------------------------------
     def tune(self, log: Callable) -> dict:
+        """Warmup's tuning; returns the new tuning-cache entries. A table that already writes
+        through everywhere with the triton kernel keeps doing so: only that backend's schedules are
+        tuned. Otherwise, when the flush window is tuned, those schedules first (their times are
+        what a bucket without a window would take, if every bucket ends without one), then the
+        plans (:meth:`tune_plans`)."""
+        wt = self.write_through
+        if self.route[0]:
+            log("every bucket writes its checkpoints every step: the triton kernel and its schedules serve them")
+            return wt.tune(log)
+        fresh = {}
+        baseline = None
+        if wt is not None and self.options.window < 0 and not self.all_cached():
+            fresh.update(wt.tune(log))
+            baseline = wt.tuned_us
+        fresh.update(self.tune_plans(log, baseline))
+        if self.route[0]:
+            log("every bucket writes its checkpoints every step: the triton kernel and its schedules serve them")
+            if baseline is None:
+                fresh.update(wt.tune(log))
+        return fresh
+
+    def all_cached(self) -> bool:
+        """Whether the tuning cache holds a plan for every bucket."""
+        cached = tuning.read_cache(tuning.cache_path(self.options.tuning_cache))
+        return all(cached_plan(cached, self.cache_key(b)) is not None for b in tuning.buckets(self.problem.max_batch))
+
+    def tune_plans(self, log: Callable, baseline: Optional[dict] = None) -> dict:
         """Time candidate plans per batch bucket on scratch states (never a live state); keep the
-        fastest; return the new tuning-cache entries. Buckets in the cache are only compiled."""
+        fastest; return the new tuning-cache entries. Buckets in the cache are only read.
+
+        With ``baseline`` (the triton kernel's microseconds per bucket), plans with a window are
+        timed against it and this kernel's write-every-step plans only where needed: a bucket
+        where the baseline wins takes window 0; if every bucket does, the triton kernel serves them
+        all and nothing more is timed; else this kernel's window-0 plans are timed for those
+        buckets (against their best plan with a window)."""
         p, o = self.problem, self.options
         path = tuning.cache_path(o.tuning_cache)
         cached = tuning.read_cache(path)
@@ -256,23 +338,21 @@ class ReplayLauncher:
         if self.fully_pinned():
             return fresh
         windows = [o.window] if o.window >= 0 else sorted({0, o.max_window})
+        through = {}  # buckets where writing through beat every plan with a window: that plan, or None
         for bucket in tuning.buckets(p.max_batch):
-            pin = self.pinned(bucket)
-            shapes = [pin[:4]] if pin is not None else candidate_shapes(p)
             plan = cached_plan(cached, self.cache_key(bucket))
             if plan is not None:
                 self.set_bucket(bucket, plan)
                 log(f"batch {bucket:5d}: tuned {tuple(plan)} from {path}")
                 continue
             t0 = time.perf_counter()
-            plans = [Plan(*shape, window, int(self.pdl)) for shape in shapes for window in windows]
-            best = self.time_plans(bucket, plans, log)
-            extra = fold_plans(p, o, best[0], windows) if best is not None else []
-            if extra:  # the fastest shape again, its flushing rows served by the fold kernel
-                plans += extra
-                folded = self.time_plans(bucket, extra, log)
-                if folded is not None and folded[1] < best[1]:
-                    best = folded
+            zero = baseline is None or bucket not in baseline
+            best, count = self.tune_bucket(bucket, windows if zero else [w for w in windows if w > 0], log)
+            if not zero and (best is None or baseline[bucket] < best[1]):
+                through[bucket] = best
+                self.set_bucket(bucket, (self.pinned(bucket) or default_plan(p, o, bucket))._replace(window=0))
+                log(f"batch {bucket:5d}: writes through ({baseline[bucket]:.1f} us with the triton kernel)")
+                continue
             if best is None:
                 log(f"batch {bucket:5d}: every candidate failed; keeping the default")
                 continue
@@ -280,9 +360,37 @@ class ReplayLauncher:
             self.set_bucket(bucket, plan)
             fresh[self.cache_key(bucket)] = {"plan": list(plan), "us": round(us, 2)}
             took = time.perf_counter() - t0
-            log(f"batch {bucket:5d}: tuned {tuple(plan)}, {us:.1f} us ({len(plans)} candidates, {took:.1f} s)")
+            log(f"batch {bucket:5d}: tuned {tuple(plan)}, {us:.1f} us ({count} candidates, {took:.1f} s)")
+        for bucket, windowed in through.items():
+            if self.route[0]:  # the triton kernel serves every bucket
+                fresh[self.cache_key(bucket)] = {"plan": list(self.table[bucket]), "us": round(baseline[bucket], 2)}
+                continue
+            best, count = self.tune_bucket(bucket, [0], log)
+            if windowed is not None and (best is None or windowed[1] < best[1]):
+                best = windowed
+            if best is not None:
+                self.set_bucket(bucket, best[0])
+                fresh[self.cache_key(bucket)] = {"plan": list(best[0]), "us": round(best[1], 2)}
+                log(f"batch {bucket:5d}: tuned {tuple(best[0])}, {best[1]:.1f} us ({count} candidates)")
         tuning.write_cache(path, fresh)
         return fresh
+
+    def tune_bucket(self, bucket: int, windows: list, log: Callable) -> tuple:
+        """(fastest plan and its microseconds, or None; how many were timed) over every launch
+        shape (or the pinned one) with each of ``windows``, and the fastest shape again with the
+        fold kernel where it may serve."""
+        p, o = self.problem, self.options
+        pin = self.pinned(bucket)
+        shapes = [pin[:4]] if pin is not None else candidate_shapes(p)
+        plans = [Plan(*shape, window, int(self.pdl)) for shape in shapes for window in windows]
+        best = self.time_plans(bucket, plans, log)
+        extra = fold_plans(p, o, best[0], windows) if best is not None else []
+        if extra:  # the fastest shape again, its flushing rows served by the fold kernel
+            plans += extra
+            folded = self.time_plans(bucket, extra, log)
+            if folded is not None and folded[1] < best[1]:
+                best = folded
+        return best, len(plans)
 
     def time_plans(self, bucket: int, plans: list, log: Callable) -> Optional[tuple]:
         """(fastest plan, its microseconds) over ``plans`` for one bucket, timed with CUDA-graph
@@ -313,6 +421,10 @@ class ReplayLauncher:
         record = torch.zeros(1, dtype=torch.int64, device=p.device)
         consts = self.consts._replace(num_slots=sets * bucket, pad_slot_id=-1)
         accepted = [torch.ones(bucket, dtype=torch.int32, device=p.device) for _ in slot_sets]
+        s0, i0, o0 = slot_sets[0], inputs[0], outs[0]
+        tuning.compile_in_parallel(
+            lambda q=q: self.run_scratch(state, q, s0, i0, o0, record, consts, compile_only=True) for q in plans
+        )
         best = None
         for plan in plans:
             state.buffers["start"].copy_(start)
@@ -345,17 +457,28 @@ class ReplayLauncher:
                 best = (plan, us)
         return best
 
-    def run_scratch(self, state, plan, slots, inputs, out, record, consts, dst_slots=None) -> None:
-        """One launch of ``plan`` on layer 0 of a scratch state, with its own fault record."""
+    def run_scratch(self, state, plan, slots, inputs, out, record, consts, dst_slots=None, compile_only=False) -> None:
+        """One launch of ``plan`` on layer 0 of a scratch state, with its own fault record (with
+        ``compile_only``, its kernels compiled only)."""
         i = inputs
         launch(
             state.views[0], i.x, i.dt, i.A, i.B, i.C, slots, i.D, i.z, i.dt_bias, i.dt_softplus, out, self.seed,
-            dst_slots, record, consts, plan,
+            dst_slots, record, consts, plan, compile_only,
         )  # fmt: skip
 
     def compile_all(self) -> None:
         """Compile every plan of the table for int32 and int64 slots (on scratch), so that a CUDA
-        graph captured afterwards compiles nothing."""
+        graph captured afterwards compiles nothing; and the triton backend's schedules where they
+        serve (this backend's plans then only for states stepped before, when the table had a
+        window)."""
+        if self.route[0]:
+            self.write_through.compile_all()
+            if self.rings_unused:
+                return
+        self.compile_plans()
+
+    def compile_plans(self) -> None:
+        """Compile every plan of the table (:meth:`compile_all`)."""
         from ssu.inputs import step_inputs
 
         from . import replay_layout
@@ -366,14 +489,21 @@ class ReplayLauncher:
         gen = torch.Generator().manual_seed(0)
         record = torch.zeros(1, dtype=torch.int64, device=p.device)
         consts = self.consts._replace(num_slots=2, pad_slot_id=-1)
+        plans = sorted(set(c for c in self.table if c is not None))
         for index_dtype in (torch.int32, torch.int64):
             slots = torch.tensor([0, -1], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
             i = step_inputs(p, slots, gen)
             out = torch.empty_like(i.x)
             destinations = [None] if p.speculative else [None, slots]  # one-token steps may name destinations
-            for plan in sorted(set(c for c in self.table if c is not None)):
-                for dst in destinations:
-                    self.run_scratch(state, plan, slots, i, out, record, consts, dst)
+            runs = [(plan, dst) for plan in plans for dst in destinations]
+            tuning.compile_in_parallel(
+                lambda q=q, d=d, s=slots, i=i, o=out: self.run_scratch(
+                    state, q, s, i, o, record, consts, d, compile_only=True
+                )
+                for q, d in runs
+            )
+            for plan, dst in runs:
+                self.run_scratch(state, plan, slots, i, out, record, consts, dst)
         if p.device_type == "cuda":
             torch.cuda.synchronize()
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import attrs
+
 from ssu.dtypes import ITEMSIZE, to_torch
 from ssu.records import State
 
@@ -43,6 +45,23 @@ class ReplayViews(NamedTuple):
     start: object
     count: object
     ticket: object
+
+
+@attrs.define
+class RingRecord:
+    """Host-side facts of a state (``State.record``): ``ring_tokens``, whether a step of a bucket
+    with a window has run on it (only then may a ring hold tokens); ``checkpoints``, the same
+    checkpoint tensors as a state of the ``triton`` backend (views of shape (S, 1, H, P, N)), for
+    the steps that the triton backend's kernel serves while every ring is empty
+    (:mod:`.replay_engine`)."""
+
+    checkpoints: State
+    ring_tokens: bool = False
+
+
+def _record(problem, backend: str, checkpoints) -> RingRecord:
+    views = [(ck.unsqueeze(1),) * 2 for ck in checkpoints]
+    return RingRecord(State(backend, problem, len(views), {}, views=views))
 
 
 def ring_bytes_per_slot(problem, ring: int) -> int:
@@ -89,13 +108,17 @@ def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
     buffers["ssm"] = torch.zeros(
         num_layers, p.num_slots, p.nheads, p.headdim, p.dstate, dtype=to_torch(p.state_dtype), device=p.device
     )
-    return State(backend, p, num_layers, buffers, views=_views(buffers, buffers["ssm"]))
+    views = _views(buffers, buffers["ssm"])
+    return State(backend, p, num_layers, buffers, views=views, record=_record(p, backend, buffers["ssm"]))
 
 
 def adopt(problem, cache: tuple, ring: int, backend: str) -> State:
     """The engine's per-layer tensors as the checkpoints, empty rings beside them."""
     buffers = _side_buffers(problem, len(cache), ring)
-    return State(backend, problem, len(cache), buffers, cache=cache, views=_views(buffers, cache))
+    views = _views(buffers, cache)
+    return State(
+        backend, problem, len(cache), buffers, cache=cache, views=views, record=_record(problem, backend, cache)
+    )
 
 
 def replay(views: ReplayViews, idx, heads_per_group: int):

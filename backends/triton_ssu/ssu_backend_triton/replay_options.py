@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import attrs
 
@@ -31,7 +31,11 @@ class ReplayOptions:
     and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
     ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
     of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
-    ``philox_rounds`` Philox rounds."""
+    ``philox_rounds`` Philox rounds. ``write_through_kernel``: what serves a one-token problem
+    whose every batch bucket has window 0 (by the ``window`` option, or as warmup tuned it), on a
+    state whose rings have never held a token: ``"triton"``, the ``triton`` backend's kernel with
+    its own tuned schedules (the same launches, the same tuning-cache entries), or ``"replay"``,
+    this backend's write-every-step kernel."""
 
     max_window: int = attrs.field(default=15, validator=in_range(1, MAX_WINDOW))
     window: int = attrs.field(default=-1, validator=in_range(-1, MAX_WINDOW))
@@ -45,6 +49,9 @@ class ReplayOptions:
     tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))
+    write_through_kernel: Literal["triton", "replay"] = attrs.field(
+        default="triton", validator=choice("triton", "replay")
+    )
 
     def ring_length(self, tokens_per_step: int) -> int:
         """L: ring rows per slot and layer, ``max_window + T``."""

@@ -62,17 +62,18 @@ def opened(p, **options):
     tiles=st.integers(0, 2),
     stages=st.sampled_from([0, 2]),
     fold=st.sampled_from([0, 1, 2]),
+    through=st.sampled_from(["triton", "replay"]),
     pad=st.integers(0, 1),
     options=st.booleans(),
     int64=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_matches_reference(
-    H, G, P, N, state, inp, T, max_window, window, block_p, tiles, stages, fold, pad, options, int64, seed
+    H, G, P, N, state, inp, T, max_window, window, block_p, tiles, stages, fold, through, pad, options, int64, seed
 ):
     """Drawn shapes, dtypes, tokens, flush windows (0: every step, to the whole ring), launch
-    shapes, the fold kernel (or none), pad rows and optional inputs, over a decode that flushes
-    and wraps the ring."""
+    shapes, the fold kernel (or none), the kernel of a table that writes through everywhere, pad
+    rows and optional inputs, over a decode that flushes and wraps the ring."""
     gen = torch.Generator().manual_seed(seed)
     p = problem(
         nheads=H,
@@ -87,6 +88,7 @@ def test_matches_reference(
         max_batch=3,
     )
     pins = {"max_window": max_window, "window": min(window, max_window), "fold_heads": fold}
+    pins["write_through_kernel"] = through
     if block_p:
         pins.update(block_p=block_p, num_warps=1, tiles_per_program=tiles, loop_stages=stages)
     compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
@@ -148,6 +150,115 @@ def test_buckets_with_and_without_a_window_share_slots(gen):
         assert rel_error(kernel.read_state(state, every), ref.read_state(rstate, every)) <= state_tol
     counts = state.buffers["count"][0, :16].tolist()
     assert counts[:2] == [0, 0] and set(counts[2:]) == {3}  # emptied by the window-0 steps; held
+
+
+def _replay_launches(monkeypatch) -> list:
+    """Record this backend's own step launches (the triton backend's are not recorded)."""
+    seen = []
+    original = replay_engine.launch
+
+    def recording(*args, **kwargs):
+        seen.append(args[-1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(replay_engine, "launch", recording)
+    return seen
+
+
+@pytest.mark.parametrize(("through", "adopt"), [("triton", False), ("triton", True), ("replay", False)])
+def test_a_table_without_windows_runs_the_triton_kernel(through, adopt, monkeypatch, gen):
+    """Window 0 in every bucket of a one-token problem: with ``write_through_kernel = "triton"``
+    the steps are the triton backend's launches (its schedules; no ring is touched), with
+    ``"replay"`` this backend's; both follow the reference, on allocated and adopted caches, with
+    destinations, pad rows and pad id 0."""
+    seen = _replay_launches(monkeypatch)
+    p = problem(pad_slot_id=0)
+    options = {"window": 0, "write_through_kernel": through}
+    kernel, state = compare(p, gen, options, steps=3, pad=1, adopt=adopt, destinations=True)
+    launcher = kernel._ctx.memo["launcher"]
+    assert launcher.route[0] is (through == "triton")
+    assert bool(seen) is (through == "replay")
+    assert not state.record.ring_tokens
+    assert state.buffers["count"].eq(0).all() and state.buffers["start"].eq(0).all()
+    assert not opened(problem(tokens_per_step=2, speculative=True), window=2)._ctx.memo["launcher"].route[0]
+
+
+def test_rings_that_held_tokens_keep_the_replay_kernel(monkeypatch, gen):
+    """A state stepped in a bucket with a window, then under a table that writes through
+    everywhere: its rings may hold tokens, so this backend's kernel folds them (the reference
+    agrees); a state that never held any takes the triton kernel."""
+    from ssu.inputs import random_states
+    from ssu.oracle import rel_error, tolerances
+
+    seen = _replay_launches(monkeypatch)
+    p = problem(max_batch=16, num_slots=20)
+    kernel = opened(p, max_window=3)
+    launcher = kernel._ctx.memo["launcher"]
+    assert not launcher.route[0]
+    ref = ssu.open(ssu.Config(backend="reference"), p)
+    state, rstate, fresh = kernel.allocate_state(), ref.allocate_state(), kernel.allocate_state()
+    every = torch.arange(16, dtype=torch.int32, device=DEVICE)
+    start = random_states(p, 16, gen)
+    kernel.write_state(state, every, start)
+    ref.write_state(rstate, every, start)
+    inputs = step_inputs(p, every, gen).kwargs()
+    kernel.step(state, **inputs)
+    ref.step(rstate, **inputs)
+    assert state.record.ring_tokens and int(state.buffers["count"][0, :16].min()) == 1
+    for bucket in tuning.buckets(p.max_batch):  # as warmup would leave it
+        launcher.set_bucket(bucket, launcher.table[bucket]._replace(window=0))
+    assert launcher.route[0]
+    out_tol, state_tol = tolerances(p)
+    seen.clear()
+    inputs = step_inputs(p, every[:2], gen).kwargs()
+    assert rel_error(kernel.step(state, **inputs), ref.step(rstate, **inputs)) <= out_tol
+    assert rel_error(kernel.read_state(state, every), ref.read_state(rstate, every)) <= state_tol
+    assert len(seen) == 1 and state.buffers["count"][0, :2].eq(0).all()
+    kernel.step(fresh, **inputs)
+    assert len(seen) == 1  # the fresh state went to the triton kernel
+
+
+def test_tuning_a_table_without_windows_tunes_the_triton_schedules(monkeypatch):
+    """Warmup of a table that already writes through everywhere tunes only the triton backend's
+    schedules (so it never gains a window under a captured graph); with the window tuned, those
+    schedules first (their times are the baseline), then the plans."""
+    calls = []
+    pinned = opened(problem(), window=0)._ctx.memo["launcher"]
+    tuned = opened(problem(max_batch=16), tuning_cache="")._ctx.memo["launcher"]
+    for launcher in (pinned, tuned):
+        monkeypatch.setattr(launcher, "tune_plans", lambda log, baseline=None: calls.append(("plans", baseline)) or {})
+        monkeypatch.setattr(launcher.write_through, "tune", lambda log: calls.append(("triton", None)) or {})
+    pinned.tune(lambda _: None)
+    assert calls == [("triton", None)]
+    calls.clear()
+    tuned.tune(lambda _: None)
+    assert calls == [("triton", None), ("plans", tuned.write_through.tuned_us)]
+
+
+@pytest.mark.parametrize("through_below", [32, 2])
+def test_plans_with_a_window_are_timed_against_the_triton_kernel(through_below, monkeypatch):
+    """Given the triton kernel's time per bucket, warmup times plans with a window only; a bucket
+    where the triton kernel is faster writes through. All of them: the triton kernel serves every
+    bucket and no write-every-step plan of this kernel is timed. Some: those buckets' own
+    write-every-step plans are timed and the faster of them and the best windowed plan kept."""
+    launcher = opened(problem(max_batch=16), max_window=3, tuning_cache="")._ctx.memo["launcher"]
+    timed = []
+
+    def fake_time(bucket, plans, log):
+        timed.append((bucket, {q.window for q in plans}))
+        return plans[0], (100.0 if plans[0].window else 50.0) * bucket
+
+    monkeypatch.setattr(launcher, "time_plans", fake_time)
+    buckets = tuning.buckets(16)
+    baseline = {b: (1.0 if b < through_below else 1e9) for b in buckets}
+    fresh = launcher.tune_plans(lambda _: None, baseline)
+    assert {0} not in [w for b, w in timed if b >= through_below]
+    windows = [launcher.table[b].window for b in buckets]
+    assert windows == [0 if b < through_below else 3 for b in buckets]
+    assert launcher.route[0] is (through_below > 16)
+    zero_timed = sorted(b for b, w in timed if w == {0})
+    assert zero_timed == ([] if through_below > 16 else [b for b in buckets if b < through_below])
+    assert {k: v["plan"][4] for k, v in fresh.items()} == {launcher.cache_key(b): w for b, w in zip(buckets, windows)}
 
 
 def test_commit_moves_counts_and_copies_no_state(gen):

@@ -38,12 +38,18 @@ def test_model_shapes_match_reference(shape, state_dtype, tokens, fold, gen):
     compare_with_reference(NAME, p, gen, steps=12, pad=3, layers=2, backend_options=options, index_dtype=torch.int64)
 
 
-@pytest.mark.parametrize("fold", [0, 16])
-@pytest.mark.parametrize("window", [0, 7, 15])
+@pytest.mark.parametrize(
+    ("window", "fold", "through"),
+    [(0, 0, "triton"), (0, 0, "replay"), (0, 16, "replay"), (7, 0, "triton"), (7, 16, "triton"), (15, 0, "triton"),
+     (15, 16, "triton")],
+)  # fmt: skip
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
-def test_flush_windows_at_model_shapes(window, fold, state_dtype, gen):
+def test_flush_windows_at_model_shapes(window, fold, through, state_dtype, gen):
+    """Every window pinned, with the fold kernel and without; window 0 through the triton kernel
+    (``write_through_kernel``) and through this backend's own."""
     p = cuda_problem(state_dtype=state_dtype, max_batch=48)
-    compare_with_reference(NAME, p, gen, steps=18, pad=2, backend_options={"window": window, "fold_heads": fold})
+    options = {"window": window, "fold_heads": fold, "write_through_kernel": through}
+    compare_with_reference(NAME, p, gen, steps=18, pad=2, backend_options=options)
 
 
 @pytest.mark.parametrize("fold", [0, 1])
@@ -66,11 +72,12 @@ def test_long_decode_matches_the_triton_backend(state_dtype, fold, gen):
     assert oracle.rel_error(got, want) < 4 * budget, oracle.rel_error(got, want)
 
 
-@pytest.mark.parametrize(("tokens", "fold"), [(1, 0), (1, 4), (4, 0)])
-def test_cuda_graph_capture_and_replay(tokens, fold, gen):
-    """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
+@pytest.mark.parametrize(("tokens", "fold", "window"), [(1, 0, 3), (1, 4, 3), (4, 0, 3), (1, 0, 0)])
+def test_cuda_graph_capture_and_replay(tokens, fold, window, gen):
+    """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit
+    (window 0: through the triton kernel)."""
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
-    run_on(opened(p, fold_heads=fold, window=3), "cuda-graph", gen)
+    run_on(opened(p, fold_heads=fold, window=window), "cuda-graph", gen)
 
 
 @pytest.mark.parametrize("check", ["step", "decode", "guarded-ids", "destinations", "adopted", "bad-inputs"])
@@ -85,17 +92,20 @@ def test_conformance_checks_at_model_shapes(check, tokens, gen):
         pass
 
 
-def test_warmup_leaves_state_intact_within_a_minute(gen, tmp_path):
-    """The first warmup (compile and tune, every bucket to 256) takes under 60 s and changes no
-    buffer of the live state."""
-    p = cuda_problem(max_batch=256, num_slots=300)
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_warmup_leaves_state_intact_within_a_minute(state_dtype, gen, tmp_path):
+    """The first warmup (compile and tune, every bucket to 256; for a table that ends up writing
+    through everywhere, the triton backend's schedules too) takes under 60 s and changes no buffer
+    of the live state."""
+    p = cuda_problem(state_dtype=state_dtype, max_batch=256, num_slots=300)
     kernel = opened(p, tuning_cache=str(tmp_path / "t.json"))
     (state,) = seeded_states((kernel,), p, gen, layers=2)
     before = {k: v.clone() for k, v in state.buffers.items()}
     t0 = time.perf_counter()
     kernel.warmup(state)
     took = time.perf_counter() - t0
-    print(f"first warmup of triton-replay to batch 256: {took:.1f} s")
+    route = kernel._ctx.memo["launcher"].route[0]
+    print(f"first warmup of triton-replay to batch 256, {state_dtype} state: {took:.1f} s (triton kernel: {route})")
     assert all(torch.equal(before[k], state.buffers[k]) for k in before)
     assert (tmp_path / "t.json").is_file()
     assert took < 60
@@ -121,7 +131,7 @@ def test_stochastic_rounding_is_unbiased(gen):
     bias, bias_nearest, spread = stochastic_rounding_bias(
         NAME,
         gen,
-        backend_options={"window": 0},
+        backend_options={"window": 0, "write_through_kernel": "replay"},
         nheads=8,
         headdim=16,
         dstate=32,
