@@ -3,6 +3,7 @@ one place, shared by the eager step and the custom op that torch.compile traces.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import triton
@@ -10,6 +11,13 @@ import triton
 from ssu.slot_kernels import pdl_capable
 
 from .kernel import ssu_kernel
+
+
+def kernel_call(jit, grid, compile_only: bool = False):
+    """``jit[grid]``, the launch of a Triton kernel on ``grid``; with ``compile_only`` the same call
+    compiles it instead (``jit.warmup`` on ``grid``), which is what
+    :func:`~ssu_backend_triton.tuning.compile_in_parallel` queues."""
+    return functools.partial(jit.warmup, grid=grid) if compile_only else jit[grid]
 
 
 def _strides(t, lead: int):
@@ -84,8 +92,7 @@ def launch(
     ws = write.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(read.device)
-    kernel = ssu_kernel.warmup if compile_only else ssu_kernel[grid]
-    return kernel(
+    return kernel_call(ssu_kernel, grid, compile_only)(
         read,
         write,
         cursor if cursor is not None else slots,
@@ -160,5 +167,4 @@ def launch(
         num_warps=num_warps,
         maxnreg=maxnreg or None,
         launch_pdl=pdl,
-        **({"grid": grid} if compile_only else {}),
     )

@@ -149,18 +149,23 @@ def ssu_warmup(ctx, state, step):
     """Compile and tune: per batch bucket, time candidate launch parameters on scratch states
     (never the live ``state``), keep the fastest, save them in the JSON cache. Buckets found in
     the cache are only compiled."""
-    from . import tuning
-    from .engine import Launcher
+    warm_up(ctx, _log)
 
-    launcher: Launcher = ctx.memo["launcher"]
+
+def warm_up(ctx, log) -> None:
+    """The warmup of either Triton backend: ``ctx.memo["launcher"]``'s tuning, then every plan of
+    its table compiled; on the CPU (the interpreter) nothing to do."""
+    from . import tuning
+
+    launcher = ctx.memo["launcher"]
     if ctx.problem.device_type != "cuda":
-        _log("warmup on the CPU (interpreter): nothing to compile or tune")
+        log("warmup on the CPU (interpreter): nothing to compile or tune")
         return
-    fresh = launcher.tune(_log)
+    fresh = launcher.tune(log)
     launcher.compile_all()
     path = tuning.cache_path(ctx.options.tuning_cache)
     if fresh and path is not None:
-        _log(f"saved {len(fresh)} tuned bucket(s) to {path}")
+        log(f"saved {len(fresh)} tuned bucket(s) to {path}")
 
 
 def _factory(ctx):

@@ -302,15 +302,13 @@ class ReplayLauncher:
         what a bucket without a window would take, if every bucket ends without one), then the
         plans (:meth:`tune_plans`)."""
         wt = self.write_through
-        if self.route[0]:
-            log("every bucket writes its checkpoints every step: the triton kernel and its schedules serve them")
-            return wt.tune(log)
         fresh = {}
         baseline = None
-        if wt is not None and self.options.window < 0 and not self.all_cached():
-            fresh.update(wt.tune(log))
-            baseline = wt.tuned_us
-        fresh.update(self.tune_plans(log, baseline))
+        if not self.route[0]:
+            if wt is not None and self.options.window < 0 and not self.all_cached():
+                fresh.update(wt.tune(log))
+                baseline = wt.tuned_us
+            fresh.update(self.tune_plans(log, baseline))
         if self.route[0]:
             log("every bucket writes its checkpoints every step: the triton kernel and its schedules serve them")
             if baseline is None:

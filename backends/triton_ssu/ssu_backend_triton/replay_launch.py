@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -12,7 +11,7 @@ import triton
 
 from ssu.slot_kernels import pdl_capable
 
-from .launch import _strides
+from .launch import _strides, kernel_call
 from .replay_fold import fold_kernel
 from .replay_kernel import replay_kernel, ring_commit_kernel
 
@@ -48,11 +47,6 @@ class ReplayConstants(NamedTuple):
     ring: int
     stochastic: bool
     philox_rounds: int
-
-
-def _launcher(jit, grid, compile_only: bool):
-    """``jit[grid]``, or with ``compile_only`` its compile-only form (``jit.warmup`` on ``grid``)."""
-    return functools.partial(jit.warmup, grid=grid) if compile_only else jit[grid]
 
 
 def launch(
@@ -104,7 +98,7 @@ def launch(
     folded = bool(fold)  # plans name it only where replay_engine.fold_kernel_allowed
     if folded:
         heads = math.gcd(fold, consts.heads_per_group)
-        _launcher(fold_kernel, (H // heads, b), compile_only)(
+        kernel_call(fold_kernel, (H // heads, b), compile_only)(
             *args,
             T=T,
             SPECULATIVE=consts.speculative,
@@ -115,7 +109,7 @@ def launch(
             num_warps=FOLD_WARPS,
             **shared,
         )
-    return _launcher(replay_kernel, grid, compile_only)(
+    return kernel_call(replay_kernel, grid, compile_only)(
         *args,
         T=T,
         TP=triton.next_power_of_2(T),

@@ -170,17 +170,7 @@ def ssu_commit(ctx, state, slots, num_accepted):
 def ssu_warmup(ctx, state, step):
     """Compile and tune: per batch bucket, time launch shapes and flush windows on scratch states
     (never the live ``state``), keep the fastest, save them in the JSON tuning cache."""
-    from . import tuning
-
-    launcher = ctx.memo["launcher"]
-    if ctx.problem.device_type != "cuda":
-        _log("warmup on the CPU (interpreter): nothing to compile or tune")
-        return
-    fresh = launcher.tune(_log)
-    launcher.compile_all()
-    path = tuning.cache_path(ctx.options.tuning_cache)
-    if fresh and path is not None:
-        _log(f"saved {len(fresh)} tuned bucket(s) to {path}")
+    triton_plugin.warm_up(ctx, _log)
 
 
 def _factory(ctx):

@@ -186,8 +186,10 @@ def compile_in_parallel(calls) -> None:
     the interpreter, or a Triton without the mode, nothing is compiled ahead."""
     import triton
 
+    from .plugin import interpreting
+
     mode = getattr(triton, "AsyncCompileMode", None)
-    if mode is None or os.environ.get("TRITON_INTERPRET", "") == "1":
+    if mode is None or interpreting():
         return
     from concurrent.futures import ThreadPoolExecutor
 
