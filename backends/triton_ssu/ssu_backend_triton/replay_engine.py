@@ -68,19 +68,11 @@ def candidate_shapes(problem) -> list[tuple[int, int, int, int]]:
     return sorted(set(out))
 
 
-def fold_kernel_allowed(problem) -> bool:
-    """Whether a plan may name the fold kernel: for one-token steps, and for speculative steps with
-    an fp32 checkpoint only (a speculative step reads the folded checkpoint, which must not be
-    rounded before that step's outputs are computed: :mod:`.replay_fold`)."""
-    return not problem.speculative or problem.state_dtype == "fp32"
-
-
 def fold_heads_choices(problem, options) -> list[int]:
     """Heads per program of the fold kernel worth timing (divisors of the heads per group): one,
-    four and up to sixteen, or the ``fold_heads`` option (0: none); none where
-    :func:`fold_kernel_allowed` says no."""
+    four and up to sixteen, or the ``fold_heads`` option (0: none)."""
     p = problem
-    if options.fold_heads == 0 or not fold_kernel_allowed(p):
+    if options.fold_heads == 0:
         return []
     if options.fold_heads > 0:
         return [options.fold_heads]
@@ -118,7 +110,7 @@ def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str)
     p, o = problem, options
     pins = f"|pin {o.block_p}:{o.num_warps}:{o.tiles_per_program}:{o.loop_stages}" if o.block_p or o.num_warps else ""
     return (
-        f"{gpu}|triton {triton_version}|replay v9 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v10 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if o.stochastic_rounding else ''}{pins}|batch {bucket}"
     )
@@ -196,8 +188,6 @@ class ReplayLauncher:
             plan = plan._replace(window=o.window)
         if o.fold_heads >= 0:
             plan = plan._replace(fold=o.fold_heads)
-        if not fold_kernel_allowed(self.problem):
-            plan = plan._replace(fold=0)
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan

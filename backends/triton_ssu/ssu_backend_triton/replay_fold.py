@@ -4,19 +4,22 @@ A flushing row folds tokens into its checkpoint: a one-token step every token of
 own, a speculative step the ring's tokens (its own stay in the ring, provisional until the
 commit). Done inside the step kernel, that fold is a sequential loop over up to ``max_window + 1``
 tokens in programs shaped for reading (small tiles, one warp), and those rows take several times as
-long as the others. This kernel, launched just before the step kernel, does the fold of those rows
-as one matrix product per tile,
+long as the others. This kernel serves those rows whole. Per tile it folds with one matrix product,
 
     checkpoint' = exp(cum_F) checkpoint + (X * coef) @ B,    coef_j = exp(cum_F - cum_j) d_j
 
 with ``X`` the tile's rows of x over the folded positions, ``B`` their B rows and ``cum`` the
-running sum of A d (fp32 products and sums: ``input_precision="ieee"``), and stores the checkpoint
-rounded once. For a one-token step it also stores the token's output from it (``y = checkpoint' .
-C + D x``, gated by z), and the step kernel's programs of that row only move the cursors; for a
-speculative step the step kernel then serves the row from the new checkpoint and an empty ring,
-so that path is taken for fp32 checkpoints only (the outputs must come from the unrounded state).
-This kernel reads the cursors and never writes them: the step kernel that follows sees the same
-cursors, decides the same rows by the same rule and moves their cursors.
+running sum of A d (fp32 products and sums: ``input_precision="ieee"``), stores the checkpoint
+rounded once, and computes the step's outputs from the unrounded fold: a one-token step's
+``y = checkpoint' . C + D x`` (gated by z); a speculative step's T outputs from ``checkpoint'``
+and the step's own tokens, which it appends to the emptied ring as the step kernel appends them.
+
+The step kernel serves every other row, and its programs of a flushing row only take part in
+moving the cursors: the two kernels touch different rows, so with programmatic dependent launch
+the step kernel starts as soon as every program of this one has (it does not wait for this
+kernel to finish, and waits for it only before it ends), and the fold's latency hides behind the
+reading of the other rows. Both kernels decide the rows by the same rule from the same cursors;
+the cursors are written by the last of both kernels' programs of a row (:func:`move_cursors`).
 
 One program per ``HEADS`` heads of one group and one batch row, so that the positions' B rows are
 loaded once for all of them; a row that does not flush costs its programs two loads.
@@ -27,11 +30,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import flush_rule, head_terms
+from .replay_kernel import flush_rule, head_terms, move_cursors
 from .tiles import rounded_state, row_slots, softplus_dt
 
 
-@triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
+@triton.jit(
+    do_not_specialize=[
+        "pad_slot_id",
+        "num_slots",
+        "window",
+        "row_programs",
+        "has_d",
+        "has_z",
+        "has_dt_bias",
+        "softplus",
+    ]
+)
 def fold_kernel(
     ck_ptr,
     xr_ptr,
@@ -57,6 +71,7 @@ def fold_kernel(
     pad_slot_id,
     num_slots,
     window,
+    row_programs,
     ck_slot,
     ck_head,
     ck_p,
@@ -94,6 +109,7 @@ def fold_kernel(
     has_dt_bias,
     softplus,
     T: tl.constexpr,
+    TQ: tl.constexpr,
     SPECULATIVE: tl.constexpr,
     RING: tl.constexpr,
     M: tl.constexpr,
@@ -108,11 +124,11 @@ def fold_kernel(
     PHILOX_ROUNDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program per (HEADS heads of a group, batch row); tiles of ROWS rows, M >= 16 positions.
-    The arguments are ``replay_kernel``'s (the ticket and the token strides unused: a one-token step
-    folds its only token, a speculative one none of its own)."""
-    if PDL:
+    """One program per (HEADS heads of a group, batch row); tiles of ROWS rows, M >= 16 positions,
+    TQ >= 16 columns for the step's tokens. The arguments are ``replay_kernel``'s."""
+    if PDL:  # the step kernel that follows may start now: it serves the other rows
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     head0 = tl.program_id(0) * HEADS
     row = tl.program_id(1)
     group = head0 // HEADS_PER_GROUP
@@ -139,7 +155,19 @@ def fold_kernel(
         B_m = tl.load(
             Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
         ).to(tl.float32)
-        if not SPECULATIVE:
+        offs_t = tl.arange(0, TQ)
+        t_ok = offs_t < T
+        new_row = (start + k + offs_t) % RING  # where a speculative step's tokens join the ring
+        if SPECULATIVE:
+            mask_tn = t_ok[:, None] & mask_n[None, :]
+            B_at = B_ptr + row * B_b + offs_t[:, None] * B_t + group * B_g + offs_n[None, :] * B_n
+            C_at = C_ptr + row * C_b + offs_t[:, None] * C_t + group * C_g + offs_n[None, :] * C_n
+            B_new = tl.load(B_at, mask=mask_tn, other=0.0)
+            C_new = tl.load(C_at, mask=mask_tn, other=0.0).to(tl.float32)
+            gram = tl.dot(B_new.to(tl.float32), tl.trans(C_new), input_precision="ieee")  # (j, t): B_j . C_t
+            if head0 % HEADS_PER_GROUP == 0:  # one program of the group appends the tokens' B
+                tl.store(Br_base + new_row[:, None] * N + offs_n[None, :], B_new, mask=mask_tn)
+        else:
             B_new = tl.load(B_ptr + row * B_b + group * B_g + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
             B_m = tl.where(is_new[:, None], B_new[None, :], B_m)
             C_row = tl.load(C_ptr + row * C_b + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -150,11 +178,12 @@ def fold_kernel(
         for hh in range(0, HEADS):
             head = head0 + hh
             bias, d_skip = head_terms(dt_bias_ptr + head * bias_h, D_ptr + head * d_h, has_dt_bias, has_d)
+            a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
             d_new = 0.0
             a_new = 0.0
             if not SPECULATIVE:
                 d_new = softplus_dt(tl.load(dt_ptr + row * dt_b + head * dt_h).to(tl.float32) + bias, softplus)
-                a_new = tl.load(A_ptr + head * a_h).to(tl.float32) * d_new
+                a_new = a_head * d_new
             d_base = dr_ptr + safe * dr_slot + head * RING
             a_base = ar_ptr + safe * dr_slot + head * RING
             d_m = tl.where(is_new, d_new, tl.load(d_base + ring_row, mask=in_ring, other=0.0))
@@ -163,10 +192,22 @@ def fold_kernel(
             cum_f = tl.sum(tl.where(offs_m == last, cum, 0.0), axis=0)
             coef = tl.where(used, tl.exp(cum_f - cum) * d_m, 0.0)
             decay = tl.exp(cum_f)
+            if SPECULATIVE:  # the step's tokens after the fold: weights (j, t) of token j in output t, decays
+                d_tok = tl.load(dt_ptr + row * dt_b + offs_t * dt_t + head * dt_h, mask=t_ok, other=0.0)
+                d_tok = tl.where(t_ok, softplus_dt(d_tok.to(tl.float32) + bias, softplus), 0.0)
+                a_tok = a_head * d_tok
+                cum_t = tl.cumsum(a_tok, 0)
+                causal = (offs_t[:, None] <= offs_t[None, :]) & t_ok[None, :]
+                weights = tl.where(causal, tl.exp(cum_t[None, :] - cum_t[:, None]) * d_tok[:, None] * gram, 0.0)
+                decays = tl.exp(cum_t)
+                tl.store(d_base + new_row, d_tok, mask=t_ok)
+                tl.store(a_base + new_row, a_tok, mask=t_ok)
             read_base = ck_ptr + safe * ck_slot + head * ck_head
             write_base = ck_ptr + target * ck_slot + head * ck_head
             xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
             x_base = x_ptr + row * x_b + head * x_h
+            z_base = z_ptr + row * z_b + head * z_h
+            o_base = out_ptr + row * o_b + head * o_h
             element = (target * 65599 + head * P * N).to(tl.uint32)
             for i in range(0, tl.cdiv(P, ROWS)):
                 offs_p = i * ROWS + rows
@@ -185,13 +226,38 @@ def fold_kernel(
                 s = decay * s0 + tl.dot(X * coef[None, :], B_m, input_precision="ieee")
                 stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
                 tl.store(write_base + tile, stored, mask=mask)
-                if not SPECULATIVE:  # the token's output, from the folded checkpoint
+                if SPECULATIVE:  # the T outputs from the unrounded fold; the tokens' x join the ring
+                    mask_pt = mask_p[:, None] & t_ok[None, :]
+                    X_tok = tl.load(x_base + offs_t[None, :] * x_t + offs_p[:, None] * x_p, mask=mask_pt, other=0.0)
+                    tl.store(xr_base + new_row[None, :] * P + offs_p[:, None], X_tok, mask=mask_pt)
+                    X_tok = X_tok.to(tl.float32)
+                    Y = tl.dot(s, tl.trans(C_new), input_precision="ieee") * decays[None, :]
+                    Y += tl.dot(X_tok, weights, input_precision="ieee") + d_skip * X_tok
+                    if has_z:
+                        Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=mask_pt, other=0.0)
+                        Z = Z.to(tl.float32)
+                        Y = Y * Z * tl.sigmoid(Z)
+                    out_at = o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p
+                    tl.store(out_at, Y.to(out_ptr.dtype.element_ty), mask=mask_pt)
+                else:  # the token's output, from the folded checkpoint
                     y = tl.sum(s * C_row[None, :], axis=1) + d_skip * x_new
                     if has_z:
-                        zv = tl.load(z_ptr + row * z_b + head * z_h + offs_p * z_p, mask=mask_p, other=0.0)
-                        zv = zv.to(tl.float32)
+                        zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
                         y = y * zv * tl.sigmoid(zv)
-                    out_at = out_ptr + row * o_b + head * o_h + offs_p * o_p
-                    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+                    tl.store(o_base + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+    move_cursors(
+        start_ptr,
+        count_ptr,
+        ticket_ptr,
+        safe,
+        start,
+        k,
+        owner,
+        flush,
+        append,
+        window,
+        row_programs,
+        T,
+        RING,
+        SPECULATIVE,
+    )

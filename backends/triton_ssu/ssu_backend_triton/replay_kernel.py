@@ -27,11 +27,10 @@ Flush rules (``window`` W, ``count`` k):
   checkpoint, its ring emptied; the source slot is left as it was.
 
 With ``FOLDED`` (a plan that names the fold kernel, :mod:`.replay_fold`, launched just before) the
-step kernel is compiled without a fold of its own. In a one-token step the rows that flush were
-folded, stored and answered by that kernel: their programs here only move the cursors. In a
-speculative step (fp32 checkpoints only) that kernel folded those rows' rings into their
-checkpoints: their programs here read the new checkpoint with an empty ring (``start + k``, no
-tokens) and append as usual.
+step kernel is compiled without a fold of its own, and the rows that flush are served whole by
+that kernel (fold, checkpoint, outputs, a speculative step's appended tokens): their programs here
+only take part in moving the cursors. The two kernels serve different rows, so with programmatic
+dependent launch this one does not wait for the fold kernel before it starts, only before it ends.
 
 With ``WRITE_THROUGH`` (a one-token step whose plan has window 0 and no fold kernel) every row
 flushes, and the kernel is compiled with only the write-every-step update of each tile: a ring
@@ -39,10 +38,11 @@ that still holds tokens (its slot stepped before in a bucket with a window) is f
 tile token by token first, and is empty afterwards.
 
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
-(an atomic count per slot and layer) when it is done, and the last program of the row writes the
-new cursors and resets the ticket: no program can see the cursors move under it, and a row whose
-cursors stay (write-every-step in steady state) takes no ticket at all. New ring rows never
-overlap the rows being read (``count + T <= max_window + T``, the ring length).
+(an atomic count per slot and layer) when it is done, and the last program of the row (of the step
+kernel and the fold kernel together) writes the new cursors and resets the ticket: no program can
+see the cursors move under it, and a row whose cursors stay (write-every-step in steady state)
+takes no ticket at all. New ring rows never overlap the rows being read (``count + T <=
+max_window + T``, the ring length).
 """
 
 from __future__ import annotations
@@ -87,7 +87,18 @@ def head_terms(bias_at, D_at, has_dt_bias, has_d):
     return bias, d_skip
 
 
-@triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window", "has_d", "has_z", "has_dt_bias", "softplus"])
+@triton.jit(
+    do_not_specialize=[
+        "pad_slot_id",
+        "num_slots",
+        "window",
+        "row_programs",
+        "has_d",
+        "has_z",
+        "has_dt_bias",
+        "softplus",
+    ]
+)
 def replay_kernel(
     ck_ptr,
     xr_ptr,
@@ -113,6 +124,7 @@ def replay_kernel(
     pad_slot_id,
     num_slots,
     window,
+    row_programs,
     ck_slot,
     ck_head,
     ck_p,
@@ -172,12 +184,12 @@ def replay_kernel(
     x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,)."""
     if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+        if not FOLDED:  # beside the fold kernel, which has waited: the two serve different rows
+            tl.extra.cuda.gdc_wait()
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.program_id(2)
     group = head // HEADS_PER_GROUP
-    H = tl.num_programs(1)
 
     if WRITE_THROUGH:  # the token's inputs do not depend on the cursors: their loads issue first, without branches
         wt = _token_scalars(
@@ -206,24 +218,17 @@ def replay_kernel(
             RING, P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
         )  # fmt: skip
     else:
-        k_read = k  # the ring tokens this step reads (after the fold kernel's fold, none)
-        start_read = start
-        if FOLDED:
-            if SPECULATIVE:  # the fold kernel has folded the rings of the rows that flush: they read from empty rings
-                k_read = tl.where(flush, 0, k)
-                start_read = tl.where(flush, (start + k) % RING, start)
-                serve = flush | True
-            else:  # the fold kernel has served the rows that flush; their programs only move the cursors
-                serve = flush == 0
+        if FOLDED:  # the fold kernel serves the rows that flush; their programs here only move the cursors
+            serve = flush == 0
         else:
             serve = flush | True
         if serve:
             # the sequence of positions: the ring's k tokens, then the step's T
             offs_m = tl.arange(0, M)
-            in_ring = offs_m < k_read
-            in_new = (offs_m >= k_read) & (offs_m < k_read + T)
-            tok = tl.where(in_new, offs_m - k_read, 0)
-            ring_row = (start_read + offs_m) % RING
+            in_ring = offs_m < k
+            in_new = (offs_m >= k) & (offs_m < k + T)
+            tok = tl.where(in_new, offs_m - k, 0)
+            ring_row = (start + offs_m) % RING
             a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
             bias, d_skip = head_terms(dt_bias_ptr + head * bias_h, D_ptr + head * d_h, has_dt_bias, has_d)
             d_new = softplus_dt(
@@ -259,7 +264,7 @@ def replay_kernel(
                     tl.float32
                 )
                 gram = tl.sum(B_m * C_tok[None, :], axis=1)
-                m = k_read + t
+                m = k + t
                 cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
                 w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
                 weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
@@ -289,7 +294,7 @@ def replay_kernel(
                 read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
                 C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
                 ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
-                pid_p, state_rows, append, start_read, k_read, fold, ring_row, in_ring, in_new, tok, offs_m,
+                pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m,
                 offs_n, mask_n,
                 weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
             )  # fmt: skip
@@ -300,7 +305,39 @@ def replay_kernel(
             else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
                 _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
 
-    # cursors: the last program of a row whose cursors change writes them
+    move_cursors(
+        start_ptr,
+        count_ptr,
+        ticket_ptr,
+        safe,
+        start,
+        k,
+        owner,
+        flush,
+        append,
+        window,
+        row_programs,
+        T,
+        RING,
+        SPECULATIVE,
+    )
+    if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
+        tl.store(start_ptr + dst, 0)
+        tl.store(count_ptr + dst, 0)
+    if PDL:
+        if FOLDED:  # this grid completes after the fold kernel, as a kernel after it expects
+            tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def move_cursors(
+    start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
+    T: tl.constexpr, RING: tl.constexpr, SPECULATIVE: tl.constexpr,
+):  # fmt: skip
+    """The cursors after the step (module docstring), written by the last of the ``row_programs``
+    programs of the row (the step kernel's and the fold kernel's together) when they change: each
+    takes a ticket once it is done with the row, so that no program sees the cursors move under it.
+    A row whose cursors stay (write-every-step in steady state) takes no ticket at all."""
     if SPECULATIVE:
         changed = flush
         new_start = (start + k) % RING
@@ -311,13 +348,10 @@ def replay_kernel(
         new_count = tl.where(append, k + T, 0)
     if changed:
         ticket = tl.atomic_add(ticket_ptr + safe, 1, sem="acq_rel")
-        if ticket == tl.num_programs(0) * H - 1:
+        if ticket == row_programs - 1:
             tl.store(start_ptr + safe, new_start)
             tl.store(count_ptr + safe, new_count)
             tl.store(ticket_ptr + safe, 0)
-    if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
-        tl.store(start_ptr + dst, 0)
-        tl.store(count_ptr + dst, 0)
 
 
 @triton.jit

@@ -73,12 +73,16 @@ def launch(
     cks = ck.stride()
     grid = (triton.cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(ck.device)
+    folded = bool(fold)
+    heads = math.gcd(fold, consts.heads_per_group) if folded else 1
+    # programs of a row that take part in moving its cursors: the step kernel's, and the fold kernel's
+    row_programs = grid[0] * H + (H // heads if folded else 0)
     args = (  # both kernels take the same arguments
         ck, views.x_ring, views.B_ring, views.d_ring, views.a_ring, views.start, views.count, views.ticket,
         x, dt, A, B, C, slots, dst_slots if dst_slots is not None else slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A,
         out, seed if seed is not None else slots, faults,
-        consts.pad_slot_id, consts.num_slots, window, cks[0], cks[1], cks[2],
+        consts.pad_slot_id, consts.num_slots, window, row_programs, cks[0], cks[1], cks[2],
         views.x_ring.stride(0), views.B_ring.stride(0), views.d_ring.stride(0),
         A.stride(0), 0 if D is None else D.stride(0), 0 if dt_bias is None else dt_bias.stride(0),
         *xs, *dts[:3], *Bs, *Cs, *zs, *os_,
@@ -95,12 +99,11 @@ def launch(
         PDL=pdl,
         launch_pdl=pdl,
     )
-    folded = bool(fold)  # plans name it only where replay_engine.fold_kernel_allowed
-    if folded:
-        heads = math.gcd(fold, consts.heads_per_group)
+    if folded:  # first: the step kernel starts beside it (programmatic launch) and serves the other rows
         kernel_call(fold_kernel, (H // heads, b), compile_only)(
             *args,
             T=T,
+            TQ=max(16, triton.next_power_of_2(T)),
             SPECULATIVE=consts.speculative,
             M=max(16, triton.next_power_of_2(consts.ring)),
             HEADS=heads,

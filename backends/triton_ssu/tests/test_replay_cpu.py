@@ -94,13 +94,13 @@ def test_matches_reference(
     compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
 
 
-@pytest.mark.parametrize(("window", "fold", "state"), [(0, 0, "bf16"), (3, 2, "fp32")])
+@pytest.mark.parametrize(("window", "fold", "state"), [(0, 0, "bf16"), (3, 2, "fp32"), (3, 1, "bf16")])
 def test_speculative_decode_wraps_the_ring(window, fold, state, gen):
     """Two layers, T = 3 with commits of random acceptance over many steps: the ring's start goes
     round several times; the cursors of both layers move at each commit. With the fold kernel
-    (``fold``: heads per program; fp32 checkpoints) the flushing rows' rings are folded before the
-    step reads them;
-    window 0 folds the accepted tokens at every step."""
+    (``fold``: heads per program) the flushing rows are served by it: their rings folded, their
+    outputs computed from the unrounded fold, their tokens appended; window 0 folds the accepted
+    tokens at every step."""
     p = problem(tokens_per_step=3, speculative=True, state_dtype=state, headdim=6, dstate=12)
     options = {"max_window": 3, "window": window, "fold_heads": fold}
     kernel, state = compare(p, gen, options, steps=6, pad=1, layers=2)
@@ -346,7 +346,7 @@ def test_default_plans_and_cached_plans():
     for bad in ({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v9 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v10 W15" in key and "batch 64" in key and "|T1|" in key
     pinned = replay_engine.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
     assert pinned != key and "pin 8:0:0:0" in pinned
     assert len(replay_engine.candidate_shapes(p)) >= 4
@@ -355,17 +355,17 @@ def test_default_plans_and_cached_plans():
 
 def test_fold_kernel_choices():
     """The fold kernel is timed with heads per program that divide the heads of a group, for
-    one-token steps and speculative ones with an fp32 checkpoint; the ``fold_heads`` option fixes
-    or forbids it, and a speculative plan over another checkpoint dtype never takes it."""
+    one-token and speculative steps over any checkpoint dtype; the ``fold_heads`` option fixes or
+    forbids it."""
     options = opened(problem()).options
     p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
     assert replay_engine.fold_heads_choices(p, options) == [1, 4, 16]
     assert replay_engine.fold_heads_choices(problem(nheads=24, ngroups=1, device="cpu"), options) == [1, 4, 12]
     spec = problem(tokens_per_step=2, speculative=True, device="cpu")
     assert replay_engine.fold_heads_choices(spec, options) == [1, 2]
-    assert replay_engine.fold_heads_choices(attrs.evolve(spec, state_dtype="bf16"), options) == []
+    assert replay_engine.fold_heads_choices(attrs.evolve(spec, state_dtype="bf16"), options) == [1, 2]
     pinned = opened(problem(tokens_per_step=2, speculative=True, state_dtype="bf16"), fold_heads=2)
-    assert pinned._ctx.memo["launcher"].table[1].fold == 0
+    assert pinned._ctx.memo["launcher"].table[1].fold == 2
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=0)) == []
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
     plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])

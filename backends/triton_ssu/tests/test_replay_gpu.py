@@ -29,10 +29,10 @@ def opened(p, **options):
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize(("tokens", "fold"), [(1, 0), (1, 4), (4, 0)])
+@pytest.mark.parametrize(("tokens", "fold"), [(1, 0), (1, 4), (4, 0), (4, 4)])
 def test_model_shapes_match_reference(shape, state_dtype, tokens, fold, gen):
-    """Decodes of 12 steps with a window of 5: every slot flushes twice, the ring wraps; one-token
-    steps with the fold kernel and without."""
+    """Decodes of 12 steps with a window of 5: every slot flushes twice, the ring wraps; with the
+    fold kernel beside the step kernel and without."""
     p = cuda_problem(shape, state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
     options = {"max_window": 5, "fold_heads": fold}
     compare_with_reference(NAME, p, gen, steps=12, pad=3, layers=2, backend_options=options, index_dtype=torch.int64)
@@ -72,7 +72,7 @@ def test_long_decode_matches_the_triton_backend(state_dtype, fold, gen):
     assert oracle.rel_error(got, want) < 4 * budget, oracle.rel_error(got, want)
 
 
-@pytest.mark.parametrize(("tokens", "fold", "window"), [(1, 0, 3), (1, 4, 3), (4, 0, 3), (1, 0, 0)])
+@pytest.mark.parametrize(("tokens", "fold", "window"), [(1, 0, 3), (1, 4, 3), (4, 0, 3), (4, 2, 3), (1, 0, 0)])
 def test_cuda_graph_capture_and_replay(tokens, fold, window, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit
     (window 0: through the triton kernel)."""
