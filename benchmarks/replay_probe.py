@@ -133,11 +133,21 @@ def main(argv=None) -> None:
     ap.add_argument("--window", type=int, default=15)
     ap.add_argument("--shape", default="128,64,128,8", help="H,P,N,G")
     ap.add_argument("--tokens", type=int, default=1, help="tokens per step (above 1: speculative)")
+    ap.add_argument(
+        "--fold-shapes",
+        default="",
+        help="rows:warps:stages:concurrent of the fold kernel, comma separated (default: the shipped one)",
+    )
     args = ap.parse_args(argv)
+    from ssu_backend_triton import replay_launch
+
+    shipped = (replay_launch.FOLD_ROWS, replay_launch.FOLD_WARPS, replay_launch.FOLD_STAGES)
+    shipped_text = ":".join(str(v) for v in (*shipped, int(replay_launch.FOLD_CONCURRENT)))
+    fold_shapes = (args.fold_shapes or shipped_text).split(",")
     H, P, N, G = (int(v) for v in args.shape.split(","))
     versions = f"torch {torch.__version__} | triton {triton.__version__}"
     print(f"{torch.cuda.get_device_name()} | {versions} | H{H} P{P} N{N} G{G} | T{args.tokens}")
-    print(f"{'kernel':>28} {'state':>5} {'batch':>5} {'plan':>10} {'regime':>6} {'us':>8} {'TB/s':>6} {'ceil%':>6}")
+    print(f"{'kernel':>28} {'state':>5} {'batch':>5} {'plan':>18} {'regime':>6} {'us':>8} {'TB/s':>6} {'ceil%':>6}")
     for state_dtype in args.state_dtype.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             problem = ssu.Problem(
@@ -146,17 +156,24 @@ def main(argv=None) -> None:
                 speculative=args.tokens > 1,
             )  # fmt: skip
             for kernel in args.kernels.split(","):
-                for plan_text in args.plans.split(","):
+                for plan_text, fold_text in (
+                    (pt, ft) for pt in args.plans.split(",") for ft in (fold_shapes if pt.count(":") > 3 else ["-"])
+                ):
                     plan = tuple(int(v) for v in plan_text.split(":"))
+                    if fold_text != "-":
+                        rows, warps, stages, concurrent = (int(v) for v in fold_text.split(":"))
+                        replay_launch.FOLD_ROWS, replay_launch.FOLD_WARPS = rows, warps
+                        replay_launch.FOLD_STAGES, replay_launch.FOLD_CONCURRENT = stages, bool(concurrent)
+                        plan_text = f"{plan_text}/{fold_text}"
                     for regime in args.regimes.split(","):
                         try:
                             us, nbytes = probe(kernel, problem, batch, plan, regime, args.window)
                         except Exception as exc:  # one failing variant does not stop the others
-                            print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>10} {regime:>6} "
+                            print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>18} {regime:>6} "
                                   f"failed: {type(exc).__name__}: {str(exc)[:200]}")  # fmt: skip
                             continue
                         tbs = nbytes / us / 1e6
-                        print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>10} {regime:>6} "
+                        print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>18} {regime:>6} "
                               f"{us:8.1f} {tbs:6.2f} {100 * tbs * 1e12 / CEILING:5.0f}%", flush=True)  # fmt: skip
 
 

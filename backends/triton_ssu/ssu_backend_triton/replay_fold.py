@@ -123,12 +123,15 @@ def fold_kernel(
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
     PDL: tl.constexpr,
+    CONCURRENT: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """One program per (HEADS heads of a group, batch row); tiles of ROWS rows, M >= 16 positions,
     TQ >= 16 columns for the step's tokens. The arguments are ``replay_kernel``'s."""
-    if PDL:  # the step kernel that follows may start now: it serves the other rows
+    if PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if CONCURRENT:  # the step kernel that follows may start now: it serves the other rows
+            tl.extra.cuda.gdc_launch_dependents()
     head0 = tl.program_id(0) * HEADS
     row = tl.program_id(1)
     group = head0 // HEADS_PER_GROUP
@@ -209,7 +212,7 @@ def fold_kernel(
             z_base = z_ptr + row * z_b + head * z_h
             o_base = out_ptr + row * o_b + head * o_h
             element = (target * 65599 + head * P * N).to(tl.uint32)
-            for i in range(0, tl.cdiv(P, ROWS)):
+            for i in tl.range(0, tl.cdiv(P, ROWS), num_stages=STAGES):
                 offs_p = i * ROWS + rows
                 mask_p = offs_p < P
                 tile = offs_p[:, None] * ck_p + offs_n[None, :]
@@ -245,19 +248,23 @@ def fold_kernel(
                         zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
                         y = y * zv * tl.sigmoid(zv)
                     tl.store(o_base + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-    move_cursors(
-        start_ptr,
-        count_ptr,
-        ticket_ptr,
-        safe,
-        start,
-        k,
-        owner,
-        flush,
-        append,
-        window,
-        row_programs,
-        T,
-        RING,
-        SPECULATIVE,
-    )
+    if CONCURRENT:  # the cursors, with the step kernel's programs of the row
+        move_cursors(
+            start_ptr,
+            count_ptr,
+            ticket_ptr,
+            safe,
+            start,
+            k,
+            owner,
+            flush,
+            append,
+            window,
+            row_programs,
+            T,
+            RING,
+            SPECULATIVE,
+        )
+    if PDL:
+        if not CONCURRENT:
+            tl.extra.cuda.gdc_launch_dependents()

@@ -179,12 +179,13 @@ def replay_kernel(
     FOLDED: tl.constexpr,
     WRITE_THROUGH: tl.constexpr,
     PDL: tl.constexpr,
+    CONCURRENT: tl.constexpr,
 ):
     """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
     x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,)."""
     if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
         tl.extra.cuda.gdc_launch_dependents()
-        if not FOLDED:  # beside the fold kernel, which has waited: the two serve different rows
+        if not (FOLDED and CONCURRENT):  # beside the fold kernel, which has waited: they serve different rows
             tl.extra.cuda.gdc_wait()
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -325,7 +326,7 @@ def replay_kernel(
         tl.store(start_ptr + dst, 0)
         tl.store(count_ptr + dst, 0)
     if PDL:
-        if FOLDED:  # this grid completes after the fold kernel, as a kernel after it expects
+        if FOLDED and CONCURRENT:  # this grid completes after the fold kernel, as a kernel after it expects
             tl.extra.cuda.gdc_wait()
 
 

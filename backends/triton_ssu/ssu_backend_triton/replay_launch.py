@@ -15,9 +15,12 @@ from .launch import _strides, kernel_call
 from .replay_fold import fold_kernel
 from .replay_kernel import replay_kernel, ring_commit_kernel
 
-#: rows of a fold kernel's tile (a matrix product needs at least 16) and its warps
-FOLD_ROWS = 16
+#: rows of a fold kernel's tile (a matrix product needs at least 16), its warps, the pipeline
+#: stages of its tile loop, and whether the step kernel runs beside it (programmatic launch)
+FOLD_ROWS = 32
 FOLD_WARPS = 4
+FOLD_STAGES = 2
+FOLD_CONCURRENT = True
 
 
 class Plan(NamedTuple):
@@ -76,7 +79,7 @@ def launch(
     folded = bool(fold)
     heads = math.gcd(fold, consts.heads_per_group) if folded else 1
     # programs of a row that take part in moving its cursors: the step kernel's, and the fold kernel's
-    row_programs = grid[0] * H + (H // heads if folded else 0)
+    row_programs = grid[0] * H + (H // heads if folded and FOLD_CONCURRENT else 0)
     args = (  # both kernels take the same arguments
         ck, views.x_ring, views.B_ring, views.d_ring, views.a_ring, views.start, views.count, views.ticket,
         x, dt, A, B, C, slots, dst_slots if dst_slots is not None else slots,
@@ -97,6 +100,7 @@ def launch(
         STOCHASTIC=consts.stochastic,
         PHILOX_ROUNDS=consts.philox_rounds,
         PDL=pdl,
+        CONCURRENT=FOLD_CONCURRENT,
         launch_pdl=pdl,
     )
     if folded:  # first: the step kernel starts beside it (programmatic launch) and serves the other rows
@@ -108,6 +112,7 @@ def launch(
             M=max(16, triton.next_power_of_2(consts.ring)),
             HEADS=heads,
             ROWS=FOLD_ROWS,
+            STAGES=FOLD_STAGES,
             BLOCK_N=max(16, triton.next_power_of_2(N)),
             num_warps=FOLD_WARPS,
             **shared,
