@@ -4,7 +4,7 @@
 #   source .device/prelude.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
-# verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-t4, hf.
+# verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -42,6 +42,14 @@ for stage in "$@"; do
       | tee "$OUT/bench-replay-t4.log" | tail -40 ;;
     probe) timeout 300 python3 benchmarks/replay_probe.py --state-dtype fp32,bf16 --batches 1024 \
       --plans 8:1:8:4,8:1:8:4:4,8:1:8:4:16 --regimes ring,mixed,flush 2>&1 | tee "$OUT/probe.log" ;;
+    probe-fold) F=16:4:0:1,16:4:0:0,16:4:3:1,64:4:0:1,64:8:0:1,32:4:2:1,16:1:2:1
+      { timeout 260 python3 benchmarks/replay_probe.py --state-dtype fp32 --batches 1024 --plans 8:1:8:4:16,8:1:8:4:4 \
+          --regimes mixed --fold-shapes $F
+        timeout 150 python3 benchmarks/replay_probe.py --state-dtype fp32 --batches 128 \
+          --plans 8:1:8:4,8:1:8:4:4,8:1:8:4:1 --regimes mixed --fold-shapes $F
+        timeout 100 python3 benchmarks/replay_probe.py --tokens 4 --state-dtype fp32 --batches 32 \
+          --plans 8:1:8:4:1,8:1:8:4:4 --regimes mixed --fold-shapes 16:4:0:1,16:4:0:0,64:4:0:1,32:4:2:1
+      } 2>&1 | tee "$OUT/probe-fold.log" ;;
     probe-t4) timeout 300 python3 benchmarks/replay_probe.py --tokens 4 --state-dtype fp32 --batches 32,128 \
       --plans 8:1:8:4,8:1:8:4:4,16:1:4:4 --regimes ring,mixed,write 2>&1 | tee "$OUT/probe-t4.log" ;;
     verify-triton) timeout 420 python3 -m ssu verify --backend triton --device cuda --profile default 2>&1 \

@@ -24,10 +24,10 @@ class ReplayOptions:
     ``max_window`` for every batch. ``block_p`` / ``num_warps`` / ``tiles_per_program`` /
     ``loop_stages`` pin the launch shape (0: tuned, or a default per shape): tiles of ``block_p``
     rows of a head, programs of ``num_warps`` warps, each over ``tiles_per_program`` tiles whose
-    loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``fold_heads``: for one-token
-    steps, and speculative ones with an fp32 checkpoint, the rows that flush are folded by a kernel
-    of their own launched before the step, with this many heads per program (-1: tuned with the
-    launch shape, off without tuning; 0: never, they fold inside the step kernel). ``programmatic_launch``: the step
+    loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``fold_heads``: the rows
+    that flush are served by a kernel of their own launched before the step kernel (which serves
+    the other rows beside it), with this many heads per program (-1: tuned with the launch shape,
+    off without tuning; 0: never, they fold inside the step kernel). ``programmatic_launch``: the step
     and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
     ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
     of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
