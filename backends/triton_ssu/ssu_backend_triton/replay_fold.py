@@ -30,22 +30,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import flush_rule, head_terms, move_cursors
+from .replay_kernel import RUNTIME_SCALARS, flush_rule, head_terms, move_cursors, store_token_outputs
 from .tiles import rounded_state, row_slots, softplus_dt
 
 
-@triton.jit(
-    do_not_specialize=[
-        "pad_slot_id",
-        "num_slots",
-        "window",
-        "row_programs",
-        "has_d",
-        "has_z",
-        "has_dt_bias",
-        "softplus",
-    ]
-)
+@triton.jit(do_not_specialize=RUNTIME_SCALARS)
 def fold_kernel(
     ck_ptr,
     xr_ptr,
@@ -236,12 +225,7 @@ def fold_kernel(
                     X_tok = X_tok.to(tl.float32)
                     Y = tl.dot(s, tl.trans(C_new), input_precision="ieee") * decays[None, :]
                     Y += tl.dot(X_tok, weights, input_precision="ieee") + d_skip * X_tok
-                    if has_z:
-                        Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=mask_pt, other=0.0)
-                        Z = Z.to(tl.float32)
-                        Y = Y * Z * tl.sigmoid(Z)
-                    out_at = o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p
-                    tl.store(out_at, Y.to(out_ptr.dtype.element_ty), mask=mask_pt)
+                    store_token_outputs(Y, z_base, o_base, offs_t, offs_p, z_t, z_p, o_t, o_p, mask_pt, has_z)
                 else:  # the token's output, from the folded checkpoint
                     y = tl.sum(s * C_row[None, :], axis=1) + d_skip * x_new
                     if has_z:
@@ -250,21 +234,9 @@ def fold_kernel(
                     tl.store(o_base + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
     if CONCURRENT:  # the cursors, with the step kernel's programs of the row
         move_cursors(
-            start_ptr,
-            count_ptr,
-            ticket_ptr,
-            safe,
-            start,
-            k,
-            owner,
-            flush,
-            append,
-            window,
-            row_programs,
-            T,
-            RING,
-            SPECULATIVE,
-        )
+            start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
+            T, RING, SPECULATIVE,
+        )  # fmt: skip
     if PDL:
         if not CONCURRENT:
             tl.extra.cuda.gdc_launch_dependents()

@@ -54,6 +54,10 @@ from ssu.slot_kernels import _commit_rows
 
 from .tiles import rounded_state, row_slots, softplus_dt
 
+#: the step and fold kernels' scalar arguments that change between calls: compiled as values, not
+#: specialised on (a new pad id or window never compiles anew)
+RUNTIME_SCALARS = ["pad_slot_id", "num_slots", "window", "row_programs", "has_d", "has_z", "has_dt_bias", "softplus"]
+
 
 @triton.jit
 def flush_rule(slot, dst, dst_ok, k, window, T: tl.constexpr, SPECULATIVE: tl.constexpr):
@@ -87,18 +91,7 @@ def head_terms(bias_at, D_at, has_dt_bias, has_d):
     return bias, d_skip
 
 
-@triton.jit(
-    do_not_specialize=[
-        "pad_slot_id",
-        "num_slots",
-        "window",
-        "row_programs",
-        "has_d",
-        "has_z",
-        "has_dt_bias",
-        "softplus",
-    ]
-)
+@triton.jit(do_not_specialize=RUNTIME_SCALARS)
 def replay_kernel(
     ck_ptr,
     xr_ptr,
@@ -307,21 +300,9 @@ def replay_kernel(
                 _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
 
     move_cursors(
-        start_ptr,
-        count_ptr,
-        ticket_ptr,
-        safe,
-        start,
-        k,
-        owner,
-        flush,
-        append,
-        window,
-        row_programs,
-        T,
-        RING,
-        SPECULATIVE,
-    )
+        start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
+        T, RING, SPECULATIVE,
+    )  # fmt: skip
     if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
         tl.store(start_ptr + dst, 0)
         tl.store(count_ptr + dst, 0)
@@ -450,12 +431,7 @@ def _tiles(
             if has_d:
                 Xt = tl.load(x_base + offs_t[None, :] * x_t + offs_p[:, None] * x_p, mask=out_mask, other=0.0)
                 Y += d_skip * Xt.to(tl.float32)
-            if has_z:
-                Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=out_mask, other=0.0)
-                Z = Z.to(tl.float32)
-                Y = Y * Z * tl.sigmoid(Z)
-            out_at = o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p
-            tl.store(out_at, Y.to(o_base.dtype.element_ty), mask=out_mask)
+            store_token_outputs(Y, z_base, o_base, offs_t, offs_p, z_t, z_p, o_t, o_p, out_mask, has_z)
         if FOLD:
             s = s0
             for j in range(0, fold):
@@ -476,6 +452,15 @@ def _tiles(
                 s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
             stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def store_token_outputs(Y, z_base, o_base, offs_t, offs_p, z_t, z_p, o_t, o_p, mask, has_z):
+    """Store a tile's outputs of every token, (rows, tokens) in fp32, gated by z where given."""
+    if has_z:
+        Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=mask, other=0.0).to(tl.float32)
+        Y = Y * Z * tl.sigmoid(Z)
+    tl.store(o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p, Y.to(o_base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
