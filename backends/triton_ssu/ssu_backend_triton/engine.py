@@ -220,12 +220,19 @@ class Launcher:
         tuning.write_cache(path, fresh)
         return fresh
 
-    def run_scratch(self, config, ssm, slots, inputs, out, compile_only: bool = False) -> None:
+    def run_scratch(
+        self, config, ssm, slots, inputs, out, compile_only: bool = False, dst_slots=None, adopted: bool = False
+    ) -> None:
         """One launch on scratch state ``ssm`` (S, K, H, P, N) with the given config (its own fault
-        record: the scratch slots are all real); with ``compile_only``, its kernel compiled only."""
+        record: the scratch slots are all real); with ``compile_only``, its kernel compiled only.
+        ``adopted`` (speculative problems) launches in an adopted cache's layout: version 0 read
+        without a cursor, the drafts written to versions 1 to T."""
         p = self.problem
         cursor = None
-        if p.speculative:
+        read, write = ssm, ssm
+        if adopted:
+            read, write = ssm[:, :1], ssm[:, 1:]
+        elif p.speculative:
             if self._scratch_cursor is None or self._scratch_cursor.numel() < ssm.shape[0] + 1:
                 self._scratch_cursor = torch.zeros(ssm.shape[0] + 1, dtype=torch.int32, device=ssm.device)
             cursor = self._scratch_cursor
@@ -233,8 +240,8 @@ class Launcher:
             self._scratch_faults = torch.zeros(1, dtype=torch.int64, device=ssm.device)
         consts = self.constants(cursor is not None)._replace(num_slots=ssm.shape[0], pad_slot_id=-1)
         launch(
-            ssm,
-            ssm,
+            read,
+            write,
             cursor,
             inputs.x,
             inputs.dt,
@@ -248,7 +255,7 @@ class Launcher:
             inputs.dt_softplus,
             out,
             self.seed,
-            None,
+            dst_slots,
             self._scratch_faults,
             consts,
             config,
@@ -256,24 +263,27 @@ class Launcher:
         )
 
     def compile_all(self) -> None:
-        """Compile every configuration in the table for int32 and int64 slots (on scratch), so that
-        CUDA-graph capture afterwards compiles nothing."""
+        """Compile every configuration in the table for int32 and int64 slots (on scratch), with
+        destination slots (one-token problems) and in an adopted cache's layout (speculative ones),
+        so that CUDA-graph capture afterwards compiles nothing."""
         from ssu.inputs import step_inputs
 
         p = self.problem
         gen = torch.Generator().manual_seed(0)
         ssm = torch.zeros(2, self.versions, p.nheads, p.headdim, p.dstate, device=p.device, dtype=self._state_dtype())
+        configs = sorted(set(c for c in self.table if c is not None))
         for index_dtype in (torch.int32, torch.int64):
             slots = torch.tensor([0, -1], dtype=index_dtype, device=p.device)[: min(2, p.max_batch)]
             inputs = step_inputs(p, slots, gen)
             out = torch.empty_like(inputs.x)
-            configs = sorted(set(c for c in self.table if c is not None))
+            variants = [dict(adopted=True)] if p.speculative else [dict(dst_slots=slots)]
+            runs = [(c, v) for c in configs for v in [{}, *variants]]
             tuning.compile_in_parallel(
-                lambda c=c, s=slots, i=inputs, o=out: self.run_scratch(c, ssm, s, i, o, compile_only=True)
-                for c in configs
+                lambda c=c, v=v, s=slots, i=inputs, o=out: self.run_scratch(c, ssm, s, i, o, compile_only=True, **v)
+                for c, v in runs
             )
-            for config in configs:
-                self.run_scratch(config, ssm, slots, inputs, out)
+            for config, variant in runs:
+                self.run_scratch(config, ssm, slots, inputs, out, **variant)
         if p.device_type == "cuda":
             torch.cuda.synchronize()
 

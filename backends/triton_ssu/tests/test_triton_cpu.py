@@ -349,6 +349,29 @@ def test_destination_slots_on_an_allocated_state(gen):
     compare_steps(problem(num_slots=11, pad_slot_id=0), gen, steps=3, pad=1, destinations=True)
 
 
+@pytest.mark.parametrize("speculative", [False, True])
+def test_compile_all_covers_destinations_and_adopted_layouts(speculative, monkeypatch):
+    """Warmup's compile pass launches every configuration of the table, for both index dtypes,
+    plain and in the variant a live step may also take: with destination slots (one token), in an
+    adopted cache's layout (speculative); so that a CUDA graph captured afterwards compiles
+    nothing. The launches run (here in the interpreter) on scratch."""
+    p = problem(tokens_per_step=3 if speculative else 1, speculative=speculative, max_batch=2)
+    launcher = ssu.open(ssu.Config(backend="triton", backends={"triton": {"block_p": 4, "num_warps": 1}}), p)
+    launcher = launcher._ctx.memo["launcher"]
+    seen = []
+    original = launcher.run_scratch
+
+    def recording(config, ssm, slots, inputs, out, compile_only=False, dst_slots=None, adopted=False):
+        if not compile_only:
+            seen.append((slots.dtype, dst_slots is not None, adopted))
+        original(config, ssm, slots, inputs, out, compile_only, dst_slots, adopted)
+
+    monkeypatch.setattr(launcher, "run_scratch", recording)
+    launcher.compile_all()
+    variant = (False, True) if speculative else (True, False)
+    assert set(seen) == {(dtype, *v) for dtype in (torch.int32, torch.int64) for v in ((False, False), variant)}
+
+
 def test_ids_outside_the_cache_in_the_kernel(gen):
     """The kernel's own guard (no core guard: the backend declares guards_slots): rows with ids
     outside the cache are pad rows and the first is recorded; commits with counts outside 1..T too."""
