@@ -25,7 +25,10 @@ def test_two_cpu_ranks_agree_with_the_unsharded_layer(groups):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rank 0 on cpu: heads 0-3" in result.stdout and "rank 1 on cpu: heads 4-7" in result.stdout
-    assert "bit-identical" in result.stdout and "OK" in result.stdout
+    # within the budgets, not necessarily bit for bit: on some processors torch's CPU softplus rounds
+    # a tensor of a shard's size differently from one of the whole layer's (seen on AMD EPYC), so
+    # the shards' states may differ from the unsharded ones in their last bits
+    assert "OK" in result.stdout and "MISMATCH" not in result.stdout
     assert ("replicated on every rank" in result.stdout) == (groups == "1")
 
 
