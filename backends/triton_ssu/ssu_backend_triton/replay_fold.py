@@ -17,12 +17,16 @@ and the step's own tokens, which it appends to the emptied ring as the step kern
 The step kernel serves every other row, and its programs of a flushing row only take part in
 moving the cursors: the two kernels touch different rows, so with programmatic dependent launch
 the step kernel starts as soon as every program of this one has (it does not wait for this
-kernel to finish, and waits for it only before it ends), and the fold's latency hides behind the
-reading of the other rows. Both kernels decide the rows by the same rule from the same cursors;
-the cursors are written by the last of both kernels' programs of a row (:func:`move_cursors`).
+kernel to finish, and waits for it only before it ends). Both kernels decide the rows by the same
+rule from the same cursors; the cursors are written by the last of both kernels' programs of a row
+(:func:`move_cursors`). With ``CONCURRENT`` off (``replay_launch.FOLD_CONCURRENT``, for the probe)
+the step kernel waits for this one before it starts, and only the step kernel moves the cursors.
+Measured, the overlap gains little on its own; the tile loop's pipelining is what pays
+(docs/benchmarks.md, "The fold kernel").
 
 One program per ``HEADS`` heads of one group and one batch row, so that the positions' B rows are
-loaded once for all of them; a row that does not flush costs its programs two loads.
+loaded once for all of them; a row that does not flush costs its programs two loads and, beside
+the step kernel, a ticket.
 """
 
 from __future__ import annotations
