@@ -171,7 +171,9 @@ def write(state: State, slots, values, layer: int) -> None:
 def sync(state: State, slots) -> None:
     """Fold the rings of ``slots`` (every slot when None) into the checkpoints of every layer, so
     that an adopted cache holds the logical states (rounded to the cache dtype once, as a flush
-    rounds them); the rings are left empty."""
+    rounds them); the rings are left empty. After every slot, no ring holds a token: the state's
+    record says so, and a table that writes through everywhere may serve it with the ``triton``
+    backend's kernel again (:mod:`.replay_engine`)."""
     import torch
 
     for views in state.views:
@@ -183,3 +185,5 @@ def sync(state: State, slots) -> None:
         for chunk in idx.split(SYNC_CHUNK):
             views.ck[chunk] = replay(views, chunk, state.problem.heads_per_group).to(views.ck.dtype)
             _reset(views, chunk)
+    if slots is None and state.record is not None:
+        state.record.ring_tokens = False

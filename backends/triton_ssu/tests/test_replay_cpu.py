@@ -218,6 +218,40 @@ def test_rings_that_held_tokens_keep_the_replay_kernel(monkeypatch, gen):
     assert len(seen) == 1  # the fresh state went to the triton kernel
 
 
+def test_sync_of_every_slot_returns_a_state_to_the_triton_kernel(monkeypatch, gen):
+    """An adopted state stepped in a bucket with a window, then under a table that writes through
+    everywhere: a sync of some slots keeps this backend's kernel (other rings may hold tokens);
+    a sync of every slot empties every ring, and the next step is the triton kernel's, in place on
+    the engine's tensor, as the reference computes it."""
+    from ssu.inputs import random_states
+    from ssu.oracle import rel_error, tolerances
+
+    seen = _replay_launches(monkeypatch)
+    p = problem(max_batch=16, num_slots=20)
+    kernel = opened(p, max_window=3)
+    launcher = kernel._ctx.memo["launcher"]
+    ref = ssu.open(ssu.Config(backend="reference"), p)
+    every = torch.arange(16, dtype=torch.int32, device=DEVICE)
+    cache = random_states(p, 20, gen).to(torch.float32)
+    state, rstate = kernel.adopt_state(cache), ref.allocate_state()
+    ref.write_state(rstate, torch.arange(20, dtype=torch.int32, device=DEVICE), cache)
+    inputs = step_inputs(p, every, gen).kwargs()
+    kernel.step(state, **inputs)
+    ref.step(rstate, **inputs)
+    for bucket in tuning.buckets(p.max_batch):
+        launcher.set_bucket(bucket, launcher.table[bucket]._replace(window=0))
+    kernel.sync(state, every[:4])
+    assert state.record.ring_tokens
+    kernel.sync(state)
+    assert not state.record.ring_tokens and state.buffers["count"].eq(0).all()
+    seen.clear()
+    out_tol, state_tol = tolerances(p)
+    inputs = step_inputs(p, every[:8], gen).kwargs()
+    assert rel_error(kernel.step(state, **inputs), ref.step(rstate, **inputs)) <= out_tol
+    assert not seen  # the triton backend's launch
+    assert rel_error(cache[:16], ref.read_state(rstate, every)) <= state_tol
+
+
 def test_tuning_a_table_without_windows_tunes_the_triton_schedules(monkeypatch):
     """Warmup of a table that already writes through everywhere tunes only the triton backend's
     schedules (so it never gains a window under a captured graph); with the window tuned, those
