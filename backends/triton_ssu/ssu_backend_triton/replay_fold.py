@@ -25,8 +25,8 @@ Measured, the overlap gains little on its own; the tile loop's pipelining is wha
 (docs/benchmarks.md, "The fold kernel").
 
 One program per ``HEADS`` heads of one group and one batch row, so that the positions' B rows are
-loaded once for all of them; a row that does not flush costs its programs two loads and, beside
-the step kernel, a ticket.
+loaded once for all of them; a row that does not flush costs its programs the loads of its slot
+and cursors, and no ticket.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def fold_kernel(
     num_slots,
     window,
     row_programs,
+    fold_programs,
     ck_slot,
     ck_head,
     ck_p,
@@ -236,11 +237,12 @@ def fold_kernel(
                         zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
                         y = y * zv * tl.sigmoid(zv)
                     tl.store(o_base + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
-    if CONCURRENT:  # the cursors, with the step kernel's programs of the row
-        move_cursors(
-            start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
-            T, RING, SPECULATIVE,
-        )  # fmt: skip
+    if CONCURRENT:  # the cursors of a row that flushes, with the step kernel's programs of the row
+        if flush:
+            move_cursors(
+                start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
+                fold_programs, T, RING, SPECULATIVE,
+            )  # fmt: skip
     if PDL:
         if not CONCURRENT:
             tl.extra.cuda.gdc_launch_dependents()

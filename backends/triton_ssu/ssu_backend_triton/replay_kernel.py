@@ -39,7 +39,7 @@ tile token by token first, and is empty afterwards.
 
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
 (an atomic count per slot and layer) when it is done, and the last program of the row (of the step
-kernel and the fold kernel together) writes the new cursors and resets the ticket: no program can
+kernel, and of the fold kernel where the row flushes) writes the new cursors and resets the ticket: no program can
 see the cursors move under it, and a row whose cursors stay (write-every-step in steady state)
 takes no ticket at all. New ring rows never overlap the rows being read (``count + T <=
 max_window + T``, the ring length).
@@ -56,7 +56,9 @@ from .tiles import rounded_state, row_slots, softplus_dt
 
 #: the step and fold kernels' scalar arguments that change between calls: compiled as values, not
 #: specialised on (a new pad id or window never compiles anew)
-RUNTIME_SCALARS = ["pad_slot_id", "num_slots", "window", "row_programs", "has_d", "has_z", "has_dt_bias", "softplus"]
+RUNTIME_SCALARS = [
+    "pad_slot_id", "num_slots", "window", "row_programs", "fold_programs", "has_d", "has_z", "has_dt_bias", "softplus"
+]  # fmt: skip
 
 
 @triton.jit
@@ -118,6 +120,7 @@ def replay_kernel(
     num_slots,
     window,
     row_programs,
+    fold_programs,
     ck_slot,
     ck_head,
     ck_p,
@@ -301,7 +304,7 @@ def replay_kernel(
 
     move_cursors(
         start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
-        T, RING, SPECULATIVE,
+        fold_programs, T, RING, SPECULATIVE,
     )  # fmt: skip
     if moved & (pid_p == 0) & (head == 0):  # the destination's ring is empty: its checkpoint holds everything
         tl.store(start_ptr + dst, 0)
@@ -313,13 +316,15 @@ def replay_kernel(
 
 @triton.jit
 def move_cursors(
-    start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
+    start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs, fold_programs,
     T: tl.constexpr, RING: tl.constexpr, SPECULATIVE: tl.constexpr,
 ):  # fmt: skip
-    """The cursors after the step (module docstring), written by the last of the ``row_programs``
-    programs of the row (the step kernel's and the fold kernel's together) when they change: each
-    takes a ticket once it is done with the row, so that no program sees the cursors move under it.
-    A row whose cursors stay (write-every-step in steady state) takes no ticket at all."""
+    """The cursors after the step (module docstring), written by the last program of the row when
+    they change: the step kernel's ``row_programs`` programs, and where the row flushes the fold
+    kernel's ``fold_programs`` (0 when it does not run beside the step kernel). Each takes a ticket
+    once it is done with the row, so that no program sees the cursors move under it; the fold
+    kernel's programs of a row that does not flush take none (they touch nothing of it). A row
+    whose cursors stay (write-every-step in steady state) takes no ticket at all."""
     if SPECULATIVE:
         changed = flush
         new_start = (start + k) % RING
@@ -330,7 +335,7 @@ def move_cursors(
         new_count = tl.where(append, k + T, 0)
     if changed:
         ticket = tl.atomic_add(ticket_ptr + safe, 1, sem="acq_rel")
-        if ticket == row_programs - 1:
+        if ticket == row_programs + tl.where(flush, fold_programs, 0) - 1:
             tl.store(start_ptr + safe, new_start)
             tl.store(count_ptr + safe, new_count)
             tl.store(ticket_ptr + safe, 0)

@@ -78,14 +78,16 @@ def launch(
     pdl = bool(pdl) and pdl_capable(ck.device)
     folded = bool(fold)
     heads = math.gcd(fold, consts.heads_per_group) if folded else 1
-    # programs of a row that take part in moving its cursors: the step kernel's, and the fold kernel's
-    row_programs = grid[0] * H + (H // heads if folded and FOLD_CONCURRENT else 0)
+    # programs of a row that take part in moving its cursors: the step kernel's, and where the row
+    # flushes the fold kernel's (when it runs beside the step kernel)
+    row_programs = grid[0] * H
+    fold_programs = H // heads if folded and FOLD_CONCURRENT else 0
     args = (  # both kernels take the same arguments
         ck, views.x_ring, views.B_ring, views.d_ring, views.a_ring, views.start, views.count, views.ticket,
         x, dt, A, B, C, slots, dst_slots if dst_slots is not None else slots,
         D if D is not None else A, z if z is not None else x, dt_bias if dt_bias is not None else A,
         out, seed if seed is not None else slots, faults,
-        consts.pad_slot_id, consts.num_slots, window, row_programs, cks[0], cks[1], cks[2],
+        consts.pad_slot_id, consts.num_slots, window, row_programs, fold_programs, cks[0], cks[1], cks[2],
         views.x_ring.stride(0), views.B_ring.stride(0), views.d_ring.stride(0),
         A.stride(0), 0 if D is None else D.stride(0), 0 if dt_bias is None else dt_bias.stride(0),
         *xs, *dts[:3], *Bs, *Cs, *zs, *os_,

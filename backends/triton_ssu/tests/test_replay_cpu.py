@@ -380,7 +380,7 @@ def test_default_plans_and_cached_plans():
     for bad in ({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v10 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v11 W15" in key and "batch 64" in key and "|T1|" in key
     pinned = replay_engine.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
     assert pinned != key and "pin 8:0:0:0" in pinned
     assert len(replay_engine.candidate_shapes(p)) >= 4
