@@ -13,6 +13,7 @@ import torch
 import ssu
 from ssu.conformance import run_on
 from ssu.harness import stochastic_rounding_bias
+from ssu.inputs import step_inputs
 
 from triton_helpers import SHAPES, compare_steps, cuda_problem, launch_layer, run_twice, seeded_states
 
@@ -298,3 +299,33 @@ def test_dropin_in_a_cuda_graph(gen):
         torch.cuda.synchronize()
         assert torch.equal(out, eager_out) and torch.equal(graph_cache, eager_cache)
     ssu.dropin.clear()
+
+
+def _compiled(jit_fn) -> int:
+    """Binaries Triton holds for ``jit_fn`` on every device."""
+    return sum(len(entry[0]) for entry in jit_fn.device_caches.values())
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_warmup_compiles_every_variant_a_step_takes(tokens, gen):
+    """After warmup, steps on an engine's adopted cache (one token: into destination slots; four:
+    drafts, then the commit), with int32 and int64 slots, launch only binaries warmup compiled,
+    so a CUDA graph captured then compiles nothing."""
+    from ssu_backend_triton import kernel as triton_kernel
+
+    p = cuda_problem(max_batch=4, num_slots=40, tokens_per_step=tokens, speculative=tokens > 1, engine_state=True)
+    kernel = ssu.open(ssu.Config(backend="triton", backends={"triton": {"block_p": 8, "num_warps": 1}}), p)
+    kernel.warmup(kernel.allocate_state())
+    compiled = _compiled(triton_kernel.ssu_kernel)
+    cache = torch.randn(p.num_slots, p.nheads, p.headdim, p.dstate, generator=gen).to(p.device)
+    state = kernel.adopt_state(cache)
+    for dtype in (torch.int32, torch.int64):
+        slots = torch.arange(3, dtype=dtype, device=p.device)
+        inputs = step_inputs(p, slots, gen).kwargs()
+        if tokens == 1:
+            kernel.step(state, **inputs, dst_slots=slots + 8)
+        else:
+            kernel.step(state, **inputs)
+            kernel.commit(state, slots, torch.full((3,), 2, dtype=torch.int32, device=p.device))
+    torch.cuda.synchronize()
+    assert _compiled(triton_kernel.ssu_kernel) == compiled
