@@ -39,10 +39,10 @@ tile token by token first, and is empty afterwards.
 
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
 (an atomic count per slot and layer) when it is done, and the last program of the row (of the step
-kernel, and of the fold kernel where the row flushes) writes the new cursors and resets the ticket: no program can
-see the cursors move under it, and a row whose cursors stay (write-every-step in steady state)
-takes no ticket at all. New ring rows never overlap the rows being read (``count + T <=
-max_window + T``, the ring length).
+kernel, and of the fold kernel where the row flushes) writes the new cursors and resets the
+ticket: no program can see the cursors move under it, and a row whose cursors stay
+(write-every-step in steady state) takes no ticket at all. New ring rows never overlap the rows
+being read (``count + T <= max_window + T``, the ring length).
 """
 
 from __future__ import annotations
