@@ -34,7 +34,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import RUNTIME_SCALARS, flush_rule, head_terms, move_cursors, store_token_outputs
+from .replay_kernel import (
+    RUNTIME_SCALARS,
+    flush_rule,
+    head_terms,
+    move_cursors,
+    store_token_output,
+    store_token_outputs,
+)
 from .tiles import rounded_state, row_slots, softplus_dt
 
 
@@ -233,10 +240,7 @@ def fold_kernel(
                     store_token_outputs(Y, z_base, o_base, offs_t, offs_p, z_t, z_p, o_t, o_p, mask_pt, has_z)
                 else:  # the token's output, from the folded checkpoint
                     y = tl.sum(s * C_row[None, :], axis=1) + d_skip * x_new
-                    if has_z:
-                        zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
-                        y = y * zv * tl.sigmoid(zv)
-                    tl.store(o_base + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                    store_token_output(y, z_base, o_base, offs_p, z_p, o_p, mask_p, has_z)
     if CONCURRENT:  # the cursors of a row that flushes, with the step kernel's programs of the row
         if flush:
             move_cursors(

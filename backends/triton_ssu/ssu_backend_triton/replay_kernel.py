@@ -421,10 +421,7 @@ def _tiles(
             y = decay0 * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w0[None, :], axis=1)
             if has_d:
                 y += d_skip * tl.sum(tl.where(offs_m[None, :] == k, X, 0.0), axis=1)
-            if has_z:
-                zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
-                y = y * zv * tl.sigmoid(zv)
-            tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+            store_token_output(y, z_base, o_base, offs_p, z_p, o_p, mask_p, has_z)
         else:  # every token's output at once, (BLOCK_P, TP): the checkpoint's part per token, the ring's in one product
             Yc = tl.zeros((BLOCK_P, TP), dtype=tl.float32)
             for t in tl.static_range(T):
@@ -457,6 +454,15 @@ def _tiles(
                 s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
             stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def store_token_output(y, z_base, o_base, offs_p, z_p, o_p, mask_p, has_z):
+    """Store a tile's output of one token, (rows,) in fp32, gated by z where given."""
+    if has_z:
+        zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
+        y = y * zv * tl.sigmoid(zv)
+    tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
 
 
 @triton.jit
@@ -565,10 +571,7 @@ def _write_through_tiles(
             s = tl.fma(s, tl.exp(tl.load(a_base + r)), (d_j * x_j)[:, None] * B_j[None, :])
         s = tl.fma(s, decay, (d * x)[:, None] * Bv[None, :])
         y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
-        if has_z:
-            zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
-            y = y * zv * tl.sigmoid(zv)
-        tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
+        store_token_output(y, z_base, o_base, offs_p, z_p, o_p, mask_p, has_z)
         stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
         tl.store(write_base + tile, stored, mask=write_p[:, None] & mask_n[None, :])
 
