@@ -86,3 +86,48 @@ def test_verify_reports_each_check(capsys):
     for name in CHECK_NAMES:
         assert f"  {name} " in out
     assert "ran 6 cases" in out and "SKIP  cuda-graph" in out
+
+
+def test_a_correct_api_1_0_backend_stays_conformant():
+    """A backend of plugin API 1.0 (no guards_slots, a commit that trusts its counts) passes every
+    check of this core's kit: with validation on, the core guards the ids and the counts for it."""
+    from older_backends import ApiOneZero
+
+    registry = registry_with(ApiOneZero)
+    assert_conformant(ApiOneZero.NAME, profile="quick", registry=registry)
+
+
+def test_the_core_guards_an_api_1_0_commit():
+    """Counts outside 1..T never reach such a backend's commit: that slot is left as it was and
+    kernel.check() names the row; the other rows commit."""
+    import torch
+
+    import ssu
+    from older_backends import ApiOneZero
+
+    registry = registry_with(ApiOneZero)
+    p = ssu.Problem(
+        nheads=2,
+        headdim=4,
+        dstate=8,
+        ngroups=1,
+        input_dtype="fp32",
+        num_slots=6,
+        max_batch=3,
+        tokens_per_step=2,
+        speculative=True,
+    )
+    kernel = ssu.open(ssu.Config(backend=ApiOneZero.NAME), p, registry=registry)
+    state = kernel.allocate_state()
+    slots = torch.tensor([4, 1, 2], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(3)
+    kernel.write_state(state, slots, torch.randn(3, 2, 4, 8, generator=gen))
+    before = kernel.read_state(state, slots)
+    x, dt, B, C = (torch.randn(3, 2, *s, generator=gen) for s in ((2, 4), (2,), (1, 8), (1, 8)))
+    kernel.step(state, x, dt, -torch.rand(2) - 0.5, B, C, slots)
+    kernel.commit(state, slots, torch.tensor([3, 0, 2], dtype=torch.int32))
+    with pytest.raises(ssu.InputError, match=r"num_accepted\[0\] = 3: outside 1\.\.2"):
+        kernel.check()
+    after = kernel.read_state(state, slots)
+    assert torch.equal(after[:2], before[:2])  # counts 3 and 0: left as they were
+    assert not torch.equal(after[2], before[2])  # count 2: committed

@@ -4,7 +4,9 @@ A slot id outside ``[0, num_slots)`` that is not the pad id (in ``slots`` or ``d
 accepted count outside ``1..T`` in ``commit``, would address memory outside the cache. Backends
 that declare ``Capabilities.guards_slots`` treat such a row as a pad row (it reads a zero state,
 writes no state, still writes its output row; a commit leaves that slot as it was) and lower the
-kernel's fault record, ``Context.faults``: one int64 on the problem's device holding the smallest
+kernel's fault record, ``Context.faults``. For a backend that does not, the core guards the
+same rows itself, with a few torch operations before each validated step and commit
+(:func:`guard`, :func:`guard_commit`). The record is one int64 on the problem's device holding the smallest
 key of the rows refused so far, or :data:`NO_FAULT`. A key packs the row, which argument and the
 low 32 bits of the value, so that the first offending row is reported exactly.
 
@@ -90,3 +92,23 @@ def guard(ids, problem, faults, kind: int):
     bad = outside(ids, problem.num_slots, problem.pad_slot_id)
     record(faults, bad, ids, kind)
     return torch.where(bad, torch.full_like(ids, problem.pad_slot_id), ids)
+
+
+def guard_commit(slots, num_accepted, problem, faults):
+    """``(slots, num_accepted)`` for a commit of a backend that does not declare ``guards_slots``:
+    a row whose id is neither a slot nor the pad id, or whose real slot comes with a count outside
+    ``1..T``, becomes a pad row (the pad id, a count of 1) that the backend's commit passes over,
+    and is recorded. What the core runs (torch ops, no host synchronisation) before each validated
+    commit, so that such a backend never sees a count it could step past its drafts with."""
+    import torch
+
+    bad_ids = outside(slots, problem.num_slots, problem.pad_slot_id)
+    real = (slots >= 0) & (slots < problem.num_slots) & (slots != problem.pad_slot_id)
+    bad_counts = real & ((num_accepted < 1) | (num_accepted > problem.tokens_per_step))
+    record(faults, bad_ids, slots, SLOTS)
+    record(faults, bad_counts, num_accepted, NUM_ACCEPTED)
+    dropped = bad_ids | bad_counts
+    return (
+        torch.where(dropped, torch.full_like(slots, problem.pad_slot_id), slots),
+        torch.where(bad_counts, torch.ones_like(num_accepted), num_accepted),
+    )

@@ -184,7 +184,8 @@ class Kernel:
         step, for every layer of ``state``. Once per step, after the last layer: every layer of
         the group must have been stepped with these slots since the previous commit (with
         validation on, a commit that finds a layer not stepped is refused and nothing moves).
-        Counts outside ``1..T`` leave that slot as it was and are reported by :meth:`check`.
+        Counts outside ``1..T`` leave that slot as it was and are reported by :meth:`check` (with
+        validation on, the core guards them for a backend that does not declare ``guards_slots``).
         Without speculation only backends with ``capabilities.layers_share_commit`` take a commit
         (of ones), when their options ask for explicit commits."""
         if self.config.validate:
@@ -207,6 +208,8 @@ class Kernel:
                 self._checker.accepted_values(num_accepted)
             self._checker.stepped(state)
             state.stepped.clear()
+            if not self.capabilities.guards_slots:
+                slots, num_accepted = faults.guard_commit(slots, num_accepted, self.problem, self._ctx.faults)
         if self._launch_index is None:
             self._hook.ssu_commit(ctx=self._ctx, state=state, slots=slots, num_accepted=num_accepted)
         else:

@@ -62,7 +62,8 @@ class Capabilities:
     null block); without it only negative pad ids are served.
     ``guards_slots``: the step and commit treat slot ids outside the cache (and accepted counts
     outside 1..T) as pad rows and record them in ``Context.faults``; without it the core guards
-    the ids itself before each validated call.
+    the ids and counts itself before each validated step and commit (its commit then sees only
+    real slots with counts in 1..T, and pad rows, which it passes over).
     ``tied_inputs``: the step also takes the per-head parameters in Mamba2's expanded form, as
     engines pass them: dt (b, [T,] H, P), A (H, P, N), D and dt_bias (H, P), each with stride 0
     along P (and N), so that no view has to be made per call.
