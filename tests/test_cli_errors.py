@@ -132,3 +132,30 @@ def test_version_and_explain_lists_every_backend():
     assert result.returncode == 0
     for name in ("reference: selected", "triton: not requested", "flashinfer: not requested"):
         assert name in result.stdout
+
+
+def test_check_config_fails_on_a_selected_backend_that_does_not_import(tmp_path, monkeypatch):
+    """As `ssu run` would: the import error, naming the file; a broken backend the file only
+    holds options for is a note."""
+    from fakes import FakeSite
+
+    site = FakeSite(tmp_path / "site", monkeypatch)
+    site.add("ssu-backend-broken", {"broken": "broken_cli_mod"}, modules={"broken_cli_mod": "import no_such_mod_xyz\n"})
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = ["broken", "reference"]\n')
+    line = one_error_line(ssu("check-config", cwd=tmp_path, env=env))
+    assert "ssu.toml: backend:" in line and "no_such_mod_xyz" in line and "ssu-backend-broken" in line
+    line = one_error_line(ssu("run", "--backend", "broken", *SMALL, cwd=tmp_path, env=env))
+    assert "no_such_mod_xyz" in line
+    (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = "reference"\n[ssu.backends.broken]\nx = 1\n')
+    result = ssu("check-config", cwd=tmp_path, env=env)
+    assert result.returncode == 0 and "note: options for 'broken' not checked" in result.stdout
+    assert "no_such_mod_xyz" in result.stdout
+
+
+def test_an_unknown_backend_in_a_file_names_the_file(tmp_path):
+    (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = "trtion"\n')
+    line = one_error_line(ssu("run", *SMALL, cwd=tmp_path))
+    assert f"{tmp_path / 'ssu.toml'}: backend: unknown backend 'trtion' (did you mean 'triton'?)" in line
+    line = one_error_line(ssu("run", *SMALL, cwd=tmp_path, env={"SSU_BACKEND": "refrence"}))
+    assert line.startswith("ssu run: error: SSU_BACKEND: unknown backend 'refrence'")

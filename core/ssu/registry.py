@@ -160,8 +160,8 @@ def import_plugin(found: Discovered) -> Any:
     except Exception as exc:
         raise BackendBrokenError(
             f"backend {found.name!r} ({found.distribution} {found.version}) is installed but failed to import "
-            f"{found.module}: {type(exc).__name__}: {exc}\n"
-            f"  fix the import error (often a missing or mismatched dependency), or reinstall {found.distribution}"
+            f"{found.module}: {type(exc).__name__}: {exc}; "
+            f"fix the import error (often a missing or mismatched dependency), or reinstall {found.distribution}"
         ) from exc
 
 

@@ -7,11 +7,12 @@ with a list, each name is tried in order and every rejection is kept for ``expla
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import attrs
 
-from .config import AUTO, Config
+from .config import AUTO, ENV_BACKEND, Config
 from .errors import BackendError, BackendUnavailableError, ConfigError
 from .firstparty import FIRST_PARTY, RESERVED
 from .options import build, did_you_mean
@@ -127,10 +128,35 @@ def auto_order(registry: Registry, trace: list) -> list[str]:
     return [name for *_, name in sorted(ranked)]
 
 
+def named_where(config: Config) -> str:
+    """Where the configured backend names came from, as a message prefix: ``"ssu.toml: backend: "``
+    for a file, ``"SSU_BACKEND: "`` for the environment, nothing for an argument or the default."""
+    if config.source.startswith("file ") and config.path:
+        return f"{config.path}: backend: "
+    if config.source == f"environment {ENV_BACKEND}":
+        return f"{ENV_BACKEND}: "
+    return ""
+
+
+def _from_where(exc: BackendError, config: Config) -> BackendError:
+    """A copy of ``exc`` (same class, same ``resolution``) whose message starts with where the
+    backend name came from (:func:`named_where`)."""
+    where = named_where(config)
+    if not where:
+        return exc
+    sourced = copy.copy(exc)
+    sourced.args = (f"{where}{exc}",) + exc.args[1:]
+    return sourced
+
+
 def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[LoadedBackend, Any, Resolution]:
-    """Pick the backend for ``problem``: returns the loaded backend, its options and the trace."""
+    """Pick the backend for ``problem``: returns the loaded backend, its options and the trace.
+    An error about a backend name says where the name came from (the file, ``SSU_BACKEND``)."""
     check_option_tables(config, registry)
-    check_backend_names(config, registry)
+    try:
+        check_backend_names(config, registry)
+    except BackendError as exc:
+        raise _from_where(exc, config) from None
     requested = config.candidates
     trace: list[Candidate] = []
     order = auto_order(registry, trace) if requested == (AUTO,) else list(requested)
@@ -140,8 +166,8 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
         except BackendError as exc:
             if len(requested) == 1 and requested != (AUTO,):
                 if isinstance(exc, BackendUnavailableError):  # the user's one name: say which would serve
-                    raise BackendUnavailableError(f"{exc}{_alternatives(name, problem, config, registry)}") from None
-                raise
+                    exc = BackendUnavailableError(f"{exc}{_alternatives(name, problem, config, registry)}")
+                raise _from_where(exc, config) from None
             trace.append(Candidate(name, "rejected", str(exc)))
             continue
         trace.append(Candidate(name, "selected", "; ".join(notes)))
@@ -149,7 +175,8 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
         return loaded, options, Resolution(requested, config.source, problem, name, tuple(trace))
     details = "\n".join(f"  - {c.name}: {c.reason}" for c in trace if c.outcome == "rejected")
     raise BackendUnavailableError(
-        f"no backend of {', '.join(requested)} can serve this problem ({problem.describe()}):\n{details}",
+        f"{named_where(config)}no backend of {', '.join(requested)} can serve this problem "
+        f"({problem.describe()}):\n{details}",
         resolution=Resolution(requested, config.source, problem, None, tuple(trace)),
     )
 
