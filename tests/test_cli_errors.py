@@ -159,3 +159,18 @@ def test_an_unknown_backend_in_a_file_names_the_file(tmp_path):
     assert f"{tmp_path / 'ssu.toml'}: backend: unknown backend 'trtion' (did you mean 'triton'?)" in line
     line = one_error_line(ssu("run", *SMALL, cwd=tmp_path, env={"SSU_BACKEND": "refrence"}))
     assert line.startswith("ssu run: error: SSU_BACKEND: unknown backend 'refrence'")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA device")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--device", "cuda"],
+        ["compare", "--arch", "nemotron_h", "--preset", "nemotron-h-8b", "--layers", "4", "--device", "cuda"],
+        ["bench", "--device", "cuda:1"],
+    ],
+    ids=["run", "compare", "bench"],
+)
+def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(args):
+    line = one_error_line(ssu(*args))
+    assert "no CUDA device" in line and ("--device cuda" in line or "this machine has no CUDA device" in line)

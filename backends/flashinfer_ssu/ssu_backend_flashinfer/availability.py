@@ -52,7 +52,8 @@ def flashinfer_availability(device: str) -> ssu.Availability:
         return ssu.Availability(
             False,
             f"FlashInfer runs on CUDA devices only, not {device!r}",
-            "use device='cuda', or the reference or triton backend on the CPU",
+            "use device='cuda'; on the CPU the reference backend serves (the triton backends only in "
+            "Triton's interpreter, TRITON_INTERPRET=1, for tests)",
         )
     from ssu.devices import torch_device_availability
 

@@ -6,7 +6,7 @@ import datetime
 import platform
 import sys
 
-from .problem_args import MODELS, check_device
+from .problem_args import MODELS, check_device, require_device
 from .usage import UsageError
 
 EXIT_OK = 0
@@ -142,9 +142,11 @@ def cmd_bench(args, timer=None) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available() and timer is None:
         raise UsageError(
             "ssu bench times GPU kernels and this machine has no CUDA device; run it on the GPU you "
-            "serve from (--device cpu times the reference, and triton in its interpreter, as a smoke "
-            "run only)"
+            "serve from (--device cpu is a smoke run of wall-clock times: the reference, and the triton "
+            "backends in Triton's interpreter when TRITON_INTERPRET=1 is set)"
         )
+    if device.startswith("cuda") and timer is None:
+        require_device(device)  # an index past the last GPU
     try:
         batches = report.parse_batches(args.batches)
     except ValueError:

@@ -3,7 +3,7 @@ through ssu, side by side: token agreement, the largest logit difference, time p
 
 from __future__ import annotations
 
-from .problem_args import check_device
+from .problem_args import require_device
 from .usage import UsageError
 
 EXIT_OK, EXIT_WRONG = 0, 1
@@ -76,7 +76,7 @@ def cmd_compare(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.new_tokens < 2:
         raise UsageError("--new-tokens must be at least 2 (the first token comes from the prefill)")
-    check_device(args.device)
+    require_device(args.device)
     config = load_config(args.config, backend=args.backend)
     model, what = _model(args)
     vocab = model.config.vocab_size

@@ -13,7 +13,7 @@ import warnings
 from typing import Optional, Sequence
 
 from ..errors import SSUError
-from .problem_args import add_problem_args, check_device, problem_from_args
+from .problem_args import add_problem_args, check_device, problem_from_args, require_device
 from .usage import Parser, UsageError
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
@@ -247,6 +247,7 @@ def cmd_run(args) -> int:
     from ..kernel import open_kernel
     from .progress import Progress
 
+    require_device(args.device)
     problem = problem_from_args(args)
     _check_run_args(args, problem)
     _check_memory(problem, args.layers)

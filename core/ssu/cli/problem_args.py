@@ -49,6 +49,18 @@ def check_device(device: str, option: str = "--device") -> str:
     return device
 
 
+def require_device(device: str, option: str = "--device") -> str:
+    """``device`` if torch can parse it and reach it here, else a usage error naming ``option`` with
+    the reason and its remedy (no CUDA device visible, an index past the last GPU)."""
+    from ..devices import torch_device_availability
+
+    check_device(device, option)
+    availability = torch_device_availability(device)
+    if not availability.available:
+        raise UsageError(f"{option} {device}: {availability.message()}")
+    return device
+
+
 def problem_from_args(args: argparse.Namespace):
     """The problem the options describe; every bad value is a usage error naming its option."""
     from ..errors import ConfigError
