@@ -262,6 +262,12 @@ def test_dropin_refuses_what_it_cannot_serve(gen):
         ssu.selective_state_update(
             torch.randn(4, H, P, N), **dict(mamba2_call(2, gen, tied=True), x=torch.randn(2, H * P))
         )
+    with pytest.raises(ssu.InputError, match=r"^state: fp64 is not a state cache dtype; use one of fp32, bf16, fp16"):
+        ssu.selective_state_update(cache.double(), **mamba2_call(2, gen, tied=True))
+    fresh = torch.randn(4, H, P, N, generator=gen)  # no kernel yet: the problem itself is refused
+    with pytest.raises(ssu.InputError, match=r"^x: fp64 is not an input dtype"):
+        ssu.selective_state_update(fresh, **dict(mamba2_call(2, gen, tied=True), x=torch.randn(2, H, P).double()))
+    assert torch.equal(cache, before)
 
 
 def test_dropin_forgets_a_cache_the_engine_dropped(gen):

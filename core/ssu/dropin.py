@@ -131,7 +131,6 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
     import torch
 
     from .kernel import open_kernel
-    from .problem import Problem
 
     for name, t, dims in (
         ("state", state, "(num_slots, H, P, N)"),
@@ -165,7 +164,7 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
     kernel = _kernels.get(key)
     if kernel is None or b > kernel.problem.max_batch:
         batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
-        kernel = open_kernel(used, Problem(**fields, max_batch=1 << (batch - 1).bit_length()))
+        kernel = open_kernel(used, _problem(fields, 1 << (batch - 1).bit_length()))
         if kernel.needs_sync:
             raise BackendError(
                 f"backend {kernel.backend!r} keeps state beside the engine's cache (its tensor is current "
@@ -190,6 +189,35 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
     entry = _Adopted(weakref.ref(state, lambda _, key=key: _adopted.pop(key, None)), kernel, adopted)
     _adopted[key] = entry
     return entry
+
+
+#: the argument of the drop-in call that each Problem field is read from
+_ARGUMENT_OF = {
+    "state_dtype": "state",
+    "input_dtype": "x",
+    "nheads": "state",
+    "headdim": "state",
+    "dstate": "state",
+    "ngroups": "B",
+    "num_slots": "state",
+}
+
+
+def _problem(fields: dict, max_batch: int):
+    """The Problem of a drop-in call; a field it refuses is an :class:`InputError` naming the
+    call's argument it came from (the caller built no Problem)."""
+    from .errors import ConfigError
+    from .problem import Problem
+
+    try:
+        return Problem(**fields, max_batch=max_batch)
+    except ConfigError as exc:
+        message = str(exc)
+        named = sorted({arg for field, arg in _ARGUMENT_OF.items() if field in message})
+        where = " and ".join(named) or "the call"
+        dims = " (state is (num_slots, H, P, N), B is (batch, G, N))" if "ngroups" in message else ""
+        detail = message.split(": ", 1)[1] if message.startswith("Problem") and ": " in message else message
+        raise InputError(f"{where}: {detail}{dims}") from None
 
 
 def kernel_for(state: "Tensor", config: Optional["Config"] = None) -> Optional["Kernel"]:
