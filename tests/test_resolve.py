@@ -105,6 +105,7 @@ def test_fallback_list_tries_in_order_and_explains(site):
     assert "x nogpu: rejected: " in text and "no frobnicator" in text
     assert "pip install --find-links <wheel folder> ssu-backend-flashinfer" in text and "no_such_module_xyz" in text
     assert ". better: not tried" in text
+    assert ". reference: not requested: would serve this problem" in text  # every other backend's verdict
 
 
 def test_typo_in_fallback_list_is_an_error(site):

@@ -83,7 +83,14 @@ class Kernel:
     #: ``validate = false``, else a wrapper checking each new input signature once
     step: StepFn
 
-    def __init__(self, loaded: LoadedBackend, ctx: Context, resolution: Resolution, config: Config) -> None:
+    def __init__(
+        self,
+        loaded: LoadedBackend,
+        ctx: Context,
+        resolution: Resolution,
+        config: Config,
+        registry: Optional[Registry] = None,
+    ) -> None:
         self.backend: str = loaded.name
         self.problem: Problem = ctx.problem
         self.options: Any = ctx.options
@@ -92,6 +99,7 @@ class Kernel:
         self.capabilities = loaded.spec.capabilities
         self.distribution = loaded.found.distribution
         self._loaded = loaded
+        self._registry = default_registry() if registry is None else registry
         self._ctx = ctx
         self._hook = loaded.hook
         self._checker = Checker(ctx.problem, loaded.name, loaded.spec.capabilities)
@@ -283,8 +291,12 @@ class Kernel:
         return self._ctx.scratch
 
     def explain(self) -> str:
-        """How this backend was chosen: the resolution trace with a reason per candidate."""
-        return self.resolution.explain()
+        """How this backend was chosen: the resolution trace with a reason per candidate, then
+        every other installed backend's verdict for this problem (those are imported and probed
+        now, as ``ssu explain`` does)."""
+        from .resolve import with_other_verdicts
+
+        return with_other_verdicts(self.resolution, self.config, self._registry).explain()
 
     def __repr__(self) -> str:
         return f"<ssu.Kernel backend={self.backend!r} {self.problem.describe()}>"
@@ -311,4 +323,4 @@ def open_kernel(
     ctx = Context(problem, options, loaded.spec, faults=faults.allocate(problem.device))
     with devices.current(problem.device):  # launches and compiles on the problem's device
         ctx.scratch = loaded.hook.ssu_allocate_scratch(ctx=ctx)
-        return Kernel(loaded, ctx, resolution, config)
+        return Kernel(loaded, ctx, resolution, config, registry)

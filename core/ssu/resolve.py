@@ -217,6 +217,13 @@ def explain(config: Config, problem: Problem, registry: Registry) -> Resolution:
             None,
             (Candidate(", ".join(config.candidates), "rejected", str(exc)),),
         )
+    return with_other_verdicts(resolution, config, registry)
+
+
+def with_other_verdicts(resolution: Resolution, config: Config, registry: Registry) -> Resolution:
+    """``resolution`` with a ``not requested`` line for every installed backend it did not try:
+    whether that backend would serve the problem, and why not (imports and probes them)."""
+    problem = resolution.problem
     seen = {c.name for c in resolution.trace}
     others = []
     for name in sorted(registry.discover(), key=lambda n: (n == RESERVED, n)):
