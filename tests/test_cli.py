@@ -103,3 +103,19 @@ def test_verify_usage_errors(capsys):
 def test_usage_error_exit_2():
     result = subprocess.run([sys.executable, "-m", "ssu.cli.main", "frobnicate"], capture_output=True, text=True)
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from ssu.cli.main import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = [
+        f"ssu {name} {action.option_strings[0]}"
+        for name, sub in commands.items()
+        for action in sub._actions
+        if action.option_strings and not isinstance(action, argparse._HelpAction) and not action.help
+    ]
+    assert not missing, missing

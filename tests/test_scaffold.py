@@ -105,10 +105,17 @@ def test_generated_backend_installs_and_passes_the_suite(tmp_path):
                 "sample-thirdparty",
                 "--ssu-examples",
                 "5",
+                "-rs",
             ],
             cwd=tmp_path,
             env=env,
         )
         assert suite.returncode == 0, suite.stdout + suite.stderr
+        # the suite alone (not the generated distribution's own tests beside it), every check run
+        # but the CUDA-graph one: the scaffold declares adopt_state, so `adopted` runs too
+        from ssu.testing import CHECK_NAMES
+
+        assert f"{len(CHECK_NAMES) - 1} passed, 1 skipped" in suite.stdout, suite.stdout
+        assert "needs a CUDA device" in suite.stdout, suite.stdout
     finally:
         _run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "ssu-backend-sample-thirdparty"])

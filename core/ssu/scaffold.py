@@ -113,9 +113,16 @@ from __future__ import annotations
 
 import ssu
 
-# state, commit, read and write: ssu's versioned-slot layout. TODO: implement these hooks
-# yourself if your kernel wants another layout.
-from ssu.slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state  # noqa: F401
+# state (allocated, or an engine's cache adopted in place), commit, read and write: ssu's
+# versioned-slot layout. TODO: implement these hooks yourself if your kernel wants another layout
+# (and drop adopt_state from the capabilities if it cannot step an engine's cache in place).
+from ssu.slot_state import (  # noqa: F401
+    ssu_adopt_state,
+    ssu_allocate_state,
+    ssu_commit,
+    ssu_read_state,
+    ssu_write_state,
+)
 
 from .options import Options
 
@@ -126,7 +133,8 @@ def _factory(ctx):
     """Return the step callable for one kernel (``ctx.problem``, ``ctx.options``, ``ctx.scratch``).
 
     TODO: return your kernel's launcher. It is called on the hot path with
-    (state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer) and returns ``out``.
+    (state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots) and returns
+    ``out``; an adopted state's ``state.cache[layer]`` is the engine's tensor to step in place.
     """
     from ssu.reference.math import make_step
 
@@ -139,7 +147,13 @@ def ssu_backend():
         name=NAME,
         api_version="{api}",
         factory=_factory,
-        capabilities=ssu.Capabilities(devices={{"cpu", "cuda"}}, max_tokens_per_step=4, speculative=True),
+        capabilities=ssu.Capabilities(
+            devices={{"cpu", "cuda"}},
+            max_tokens_per_step=4,
+            speculative=True,
+            adopt_state=True,
+            destination_slots=True,
+        ),
         options_class=Options,
         description="ssu backend {name}",
         url="",

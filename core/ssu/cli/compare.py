@@ -35,7 +35,7 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--config", help="ssu.toml or pyproject.toml (default: search the working directory)")
     p.add_argument("--backend", help="backend name, comma-separated fallback list, or auto")
     p.add_argument("--no-share", action="store_true", help="skip the run that measures the SSU's share of a token")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
 
 
 def _model(args):

@@ -54,7 +54,7 @@ def _parser() -> Parser:
     p.add_argument("--steps", type=int, default=12, help="decode steps (default 12)")
     p.add_argument("--pad-rows", type=int, default=0, help="padded rows in the batch (default 0)")
     p.add_argument("--check-every", type=int, default=1, help="check against the oracle every K steps; 0: never")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and states (default 0)")
     add_problem_args(p)
 
     p = sub.add_parser("verify", help="run the conformance checks on a backend, here")

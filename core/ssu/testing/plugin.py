@@ -3,8 +3,9 @@
 It adds options, and the ``gpu`` marker that every ssu distribution's GPU tests carry: such a test
 is skipped, with the reason, where no CUDA device is visible (``gpu2``: fewer than two) (so that ``pytest`` inside one
 backend's folder behaves as it does from the repository). Nothing else is imported or collected
-unless ``--ssu-backend`` is given, in which case the suite module :mod:`ssu.testing.suite` is
-added to the collected paths.
+unless ``--ssu-backend`` is given: then the suite module :mod:`ssu.testing.suite` is what runs,
+beside the paths the command line names (without any, the suite alone: not the tests of the
+folder pytest runs in).
 """
 
 from __future__ import annotations
@@ -64,7 +65,20 @@ def pytest_configure(config) -> None:
         default_registry().load(name)
     except SSUError as exc:
         raise pytest.UsageError(f"--ssu-backend {name}: {exc}") from None
-    config.args.append(str(Path(__file__).with_name("suite.py")))
+    suite = str(Path(__file__).with_name("suite.py"))
+    if _paths_given(config):
+        config.args.append(suite)
+    else:  # `pytest --ssu-backend NAME` alone: the suite, not the tests of the folder it runs in
+        config.args[:] = [suite]
+
+
+def _paths_given(config) -> bool:
+    """Whether the command line named test paths (else pytest would collect the working folder or
+    the configured testpaths)."""
+    source = getattr(config, "args_source", None)
+    if source is not None:
+        return source == config.ArgsSource.ARGS
+    return config.args != [str(config.invocation_params.dir)]  # pytest < 7.2
 
 
 def pytest_collection_modifyitems(config, items) -> None:
