@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind the docs' figures and GPU test results, from the repository root on the GPU
 # machine, logs under $OUT:
-#   source .device/prelude.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
+#   source scripts/gpu-setup.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
 # verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf.
