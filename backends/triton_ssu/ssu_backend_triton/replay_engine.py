@@ -351,7 +351,8 @@ class ReplayLauncher:
             log(f"batch {bucket:5d}: tuned {tuple(plan)}, {us:.1f} us ({count} candidates, {took:.1f} s)")
         for bucket, windowed in through.items():
             if self.route[0]:  # the triton kernel serves every bucket
-                fresh[self.cache_key(bucket)] = {"plan": list(self.table[bucket]), "us": round(baseline[bucket], 2)}
+                plan = self.table[min(bucket, p.max_batch)]  # the top bucket may pass max_batch
+                fresh[self.cache_key(bucket)] = {"plan": list(plan), "us": round(baseline[bucket], 2)}
                 continue
             best, count = self.tune_bucket(bucket, [0], log)
             if windowed is not None and (best is None or windowed[1] < best[1]):

@@ -295,6 +295,38 @@ def test_plans_with_a_window_are_timed_against_the_triton_kernel(through_below, 
     assert {k: v["plan"][4] for k, v in fresh.items()} == {launcher.cache_key(b): w for b, w in zip(buckets, windows)}
 
 
+ODD_SIZES = sorted({*range(1, 66, 2), 9, 21, 100, 127, 129, 255, 257, 511, 513, 1000, 1023, 1025, 1099, 1100})
+
+
+@pytest.mark.parametrize("regime", ["through-everywhere", "through-below-64", "windows-everywhere"])
+def test_warmup_tunes_every_max_batch(regime, monkeypatch):
+    """Warmup's tuning for every max_batch, odd ones and ones past a power of two included: the top
+    bucket is larger than max_batch, and the table, the cache entries and the route must all take
+    that bucket's plan from the rows it serves. Timing is faked (the triton kernel's schedules and
+    this kernel's plans), so the walk is the bookkeeping alone."""
+
+    def fake_schedules(problem, bucket, run, configs, iterations, log, **kwargs):
+        return configs[0], 10.0 * bucket
+
+    def fake_plans(bucket, plans, log):
+        windowed = regime == "windows-everywhere" or (regime == "through-below-64" and bucket >= 64)
+        return plans[-1], (1.0 if windowed else 1e6) * bucket
+
+    monkeypatch.setattr(tuning, "tune_bucket", fake_schedules)
+    for max_batch in ODD_SIZES:
+        launcher = opened(problem(max_batch=max_batch, num_slots=max_batch + 1), tuning_cache="")._ctx.memo["launcher"]
+        monkeypatch.setattr(launcher, "time_plans", fake_plans)
+        fresh = launcher.tune(lambda _: None)
+        top = tuning.buckets(max_batch)[-1]
+        assert len(fresh) >= len(tuning.buckets(max_batch)), max_batch
+        assert all(plan is not None for plan in launcher.table[1:]), max_batch
+        # below batch 16 the default plans write through and no window is tried
+        through = top < 16 or regime == "through-everywhere" or (regime == "through-below-64" and top < 64)
+        assert launcher.route[0] is through, max_batch
+        if not through:  # the top bucket's window, in the row of max_batch
+            assert launcher.table[max_batch].window == launcher.options.max_window, max_batch
+
+
 def test_commit_moves_counts_and_copies_no_state(gen):
     p = problem(tokens_per_step=3, speculative=True)
     kernel = opened(p, max_window=5)

@@ -111,6 +111,19 @@ def test_warmup_leaves_state_intact_within_a_minute(state_dtype, gen, tmp_path):
     assert took < 60
 
 
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("max_batch, num_slots", [(9, 21), (3, 5), (17, 40)])
+def test_warmup_with_a_max_batch_below_its_top_bucket(state_dtype, max_batch, num_slots, gen, tmp_path):
+    """A max_batch that is no power of two (the top bucket holds more rows than the table has):
+    warmup tunes it, then a step at max_batch matches the reference."""
+    p = cuda_problem(state_dtype=state_dtype, max_batch=max_batch, num_slots=num_slots)
+    kernel = opened(p, tuning_cache=str(tmp_path / "t.json"))
+    state = kernel.allocate_state()
+    kernel.warmup(state)
+    assert all(plan is not None for plan in kernel._ctx.memo["launcher"].table[1:])
+    compare_with_reference(NAME, p, gen, steps=3, backend_options={"tuning_cache": str(tmp_path / "t.json")})
+
+
 SECOND_PROCESS = textwrap.dedent("""
     import torch, ssu
     p = ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8, num_slots=80, max_batch=64, device="cuda")
