@@ -1,0 +1,164 @@
+"""Where the time of a transformers decode step's SSU goes on the patched path, layer by layer.
+
+A transformers Mamba2-family model (random weights, ``--preset`` mixer shapes) generates once
+through ``ssu.integrations.transformers.patch``; the arguments its first decode-step SSU call
+receives are kept, and each level of the path is then timed with them, eagerly, one call after
+another as a decode step makes them (host time per call, the device synchronised at the end of
+each run, median of runs):
+
+- ``zeros``: the null SSU ``ssu compare`` measures the share against (``x.new_zeros``);
+- ``raw``: the backend's step callable (``kernel.raw_step``);
+- ``kernel.step``: with the kernel's validation (once per input signature);
+- ``drop-in``: ``ssu.selective_state_update`` on the model's cache tensor;
+- ``patched``: the modeling module's function as the patch left it, inside a patched mixer;
+- ``kernel``: the step's device time alone (CUDA events over back-to-back launches).
+
+Then a decode step of the whole model under torch's profiler (the ops with the most host time) and
+under cProfile (the Python functions with the most time of their own). Prints; asserts nothing.
+
+    python benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+import ssu
+import ssu.integrations.transformers as ssu_hf
+from ssu.integrations import hf_models
+
+
+def host_us(fn, calls: int, device: str, repeats: int = 7) -> float:
+    """Median over ``repeats`` of the wall time per call of ``calls`` calls, the device
+    synchronised before and after each run, in microseconds."""
+    cuda = device.startswith("cuda")
+    samples = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def device_us(fn, calls: int) -> float:
+    """Device time per call of back-to-back launches, from CUDA events (median of 7 runs)."""
+    samples = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def captured_call(model, ids, module_name: str):
+    """The positional and keyword arguments of the first one-token SSU call of a generate."""
+    module = sys.modules[module_name]
+    patched = getattr(module, ssu_hf.FUNCTION)
+    seen = []
+
+    def recording(*args, **kwargs):
+        if not seen and args[1].dim() == 3:
+            seen.append((args, kwargs))
+        return patched(*args, **kwargs)
+
+    setattr(module, ssu_hf.FUNCTION, recording)
+    try:
+        hf_models.generate(model, ids, 2)
+    finally:
+        setattr(module, ssu_hf.FUNCTION, patched)
+    return seen[0]
+
+
+@torch.no_grad()  # as generate runs the model (the adopted state's views were made so)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="nemotron_h")
+    parser.add_argument("--preset", default="nemotron-h-8b")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model = hf_models.random_model(args.arch, args.preset, args.layers, dtype=dtype, device=args.device)
+    ids = hf_models.prompt_ids(model, batch=args.batch)
+    mixer = ssu_hf.find_mixers(model)[0][1]
+    module_name = type(mixer).__module__
+    patch = ssu_hf.patch(model, backend=args.backend)
+    hf_models.generate(model, ids, 3)  # opens, adopts and warms the kernels up
+    call_args, call_kwargs = captured_call(model, ids, module_name)
+    state, x = call_args[0], call_args[1]
+    kernel = ssu.dropin.kernel_for(state, patch.config)
+    adopted = ssu.dropin._adopted[(id(state), id(patch.config))].state
+    _, _, dt, A, B, C, D = call_args[:7]
+    dt_bias, z = call_kwargs.get("dt_bias"), call_kwargs.get("z")
+    slots = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    out = torch.empty_like(x)
+    module_function = getattr(sys.modules[module_name], ssu_hf.FUNCTION)
+    token = ssu_hf._running.set(patch.config)
+    levels = {
+        "zeros": lambda: x.new_zeros(x.shape),
+        "raw": lambda: kernel.raw_step(adopted, x, dt, A, B, C, slots, D, z, dt_bias, True, out, 0, None),
+        "kernel.step": lambda: kernel.step(adopted, x, dt, A, B, C, slots, D, z, dt_bias, True, out, 0, None),
+        "drop-in": lambda: ssu.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, True, config=patch.config),
+        "patched": lambda: module_function(*call_args, **call_kwargs),
+    }
+    print(
+        f"hf_ssu_overhead: {args.arch} {args.preset} ({kernel.problem.describe()}), {args.dtype} model, "
+        f"batch {args.batch}, backend {kernel.backend}; torch {torch.__version__}, "
+        f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}"
+    )
+    print(f"{'level':14s} {'host us/call':>13s} {'added us':>9s}")
+    previous = None
+    for name, fn in levels.items():
+        for _ in range(10):
+            fn()
+        us = host_us(fn, args.calls, args.device)
+        added = "" if previous is None or name == "raw" else f"{us - previous:9.1f}"
+        print(f"{name:14s} {us:13.1f} {added:>9s}")
+        previous = us
+    if args.device.startswith("cuda"):
+        print(f"{'kernel':14s} {device_us(levels['raw'], args.calls):13.1f}   (device time per launch)")
+    ssu_hf._running.reset(token)
+
+    print("\none decode step of the patched model, torch profiler (host time):")
+    hf_models.generate(model, ids, 2)
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        hf_models.generate(model, ids, 4)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+    print("cProfile of a generate of 8 tokens (own time):")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    hf_models.generate(model, ids, 8)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    print(text.getvalue())
+    patch.undo()
+
+
+if __name__ == "__main__":
+    main()
