@@ -80,9 +80,10 @@ _ssu_gpu_setup() {
   fi
 
   local fi_version
-  fi_version=$("$python" -c 'import flashinfer; print(flashinfer.__version__)' 2>/dev/null || echo "not importable")
+  fi_version=$("$python" -c 'import importlib.metadata as m; print(m.version("flashinfer-python"))' 2>/dev/null ||
+    echo "not installed")
   echo "gpu-setup: CUDA_HOME=${CUDA_HOME:-unset} FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-unset}" \
-    "flashinfer $fi_version"
+    "flashinfer-python $fi_version"
 }
 _ssu_gpu_setup "$@"
 _ssu_gpu_setup_status=$?

@@ -23,6 +23,7 @@ def registry_with(*plugins) -> Registry:
     return registry
 
 
+@pytest.mark.slow
 def test_reference_is_conformant():
     assert_conformant("reference")
 
@@ -51,12 +52,14 @@ def _pytest(*args, env=None, cwd):
     )
 
 
+@pytest.mark.slow
 def test_pytest_plugin_runs_the_suite_on_reference(tmp_path):
     result = _pytest("--ssu-backend", "reference", "--ssu-examples", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(CHECK_NAMES) - 1} passed, 1 skipped" in result.stdout  # cuda-graph needs a GPU
 
 
+@pytest.mark.slow
 def test_pytest_plugin_runs_the_suite_on_triton_in_the_interpreter(tmp_path):
     pytest.importorskip("ssu_backend_triton")
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -28,6 +28,7 @@ def test_each_backend_declares_its_test_extra_and_pytest_settings(folder):
     assert "sys.path" not in (folder / "tests" / "conftest.py").read_text()
 
 
+@pytest.mark.slow
 def test_pytest_inside_one_backend_folder():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

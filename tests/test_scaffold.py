@@ -54,6 +54,7 @@ def _run(args, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)
 
 
+@pytest.mark.slow
 def test_generated_backend_installs_and_passes_the_suite(tmp_path):
     """The sample third-party backend, as a real distribution installed into this environment."""
     root = write_backend("sample-thirdparty", tmp_path)

@@ -36,6 +36,7 @@ def test_the_script_builds_the_four_wheels(wheels):
     assert built == sorted(DISTRIBUTIONS)
 
 
+@pytest.mark.slow
 def test_two_backends_install_from_the_wheels_alone_and_are_listed(wheels, tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", str(venv))

@@ -47,6 +47,7 @@ def opened(p, **options):
     return ssu.open(ssu.Config(backend=NAME, backends={NAME: options}), p)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     H=st.sampled_from([2, 4]),
@@ -94,7 +95,14 @@ def test_matches_reference(
     compare(p, gen, pins, steps=7, pad=pad, options=options, index_dtype=torch.int64 if int64 else torch.int32)
 
 
-@pytest.mark.parametrize(("window", "fold", "state"), [(0, 0, "bf16"), (3, 2, "fp32"), (3, 1, "bf16")])
+@pytest.mark.parametrize(
+    ("window", "fold", "state"),
+    [
+        pytest.param(0, 0, "bf16", marks=pytest.mark.slow),
+        (3, 2, "fp32"),
+        pytest.param(3, 1, "bf16", marks=pytest.mark.slow),
+    ],
+)
 def test_speculative_decode_wraps_the_ring(window, fold, state, gen):
     """Two layers, T = 3 with commits of random acceptance over many steps: the ring's start goes
     round several times; the cursors of both layers move at each commit. With the fold kernel
@@ -126,6 +134,7 @@ def test_cursors_follow_the_flush_rule(window, fold, gen):
     assert state.buffers["count"][0, [0, 2, 3, 4, 6, 7]].eq(0).all()
 
 
+@pytest.mark.slow
 def test_buckets_with_and_without_a_window_share_slots(gen):
     """Batches of 16 (a bucket with window 3) leave tokens in the rings; batches of 2 (window 0:
     the write-every-step path) fold them first, then take the short path with empty rings. The
@@ -342,7 +351,15 @@ def test_commit_moves_counts_and_copies_no_state(gen):
     assert state.buffers["count"][:, [1, 4]].tolist() == [[3, 1], [3, 1]]
 
 
-@pytest.mark.parametrize(("pad_id", "T", "fold"), [(-1, 1, 0), (0, 1, 1), (-1, 2, 0), (0, 2, 0)])
+@pytest.mark.parametrize(
+    ("pad_id", "T", "fold"),
+    [
+        (-1, 1, 0),
+        pytest.param(0, 1, 1, marks=pytest.mark.slow),
+        pytest.param(-1, 2, 0, marks=pytest.mark.slow),
+        pytest.param(0, 2, 0, marks=pytest.mark.slow),
+    ],
+)
 def test_adopted_caches_sync_and_destinations(pad_id, T, fold, gen):
     """An engine's cache (a view with a 2x slot stride) as the checkpoints: read_state exact after
     every step, the engine's tensor current after sync, destination slots (folded by the step

@@ -78,6 +78,7 @@ schedules = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     p=problems,
@@ -111,6 +112,7 @@ def test_non_power_of_two_shapes_and_layers(gen):
     compare_steps(problem(headdim=10, dstate=12, nheads=6, ngroups=3, num_slots=9), gen, steps=2, layers=2, pad=1)
 
 
+@pytest.mark.slow
 def test_speculative_decode_with_commits(gen):
     p = problem(tokens_per_step=4, speculative=True, state_dtype="bf16")
     compare_steps(p, gen, steps=5, pad=1, layers=2)
@@ -312,6 +314,7 @@ def test_torch_compile_custom_op(gen):
     compiled_step_matches_reference("triton", problem(), gen)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     state=st.sampled_from(["fp32", "bf16"]),
