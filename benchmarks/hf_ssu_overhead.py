@@ -97,7 +97,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument(
+        "--triton-dispatch",
+        action="store_true",
+        help="launch the triton kernels through jit[grid] every call (what the direct launch saves)",
+    )
     args = parser.parse_args()
+    if args.triton_dispatch:
+        from ssu_backend_triton import fast_launch
+
+        fast_launch.launch = lambda jit, grid, *a, **k: jit[grid](*a, **k)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model = hf_models.random_model(args.arch, args.preset, args.layers, dtype=dtype, device=args.device)
     ids = hf_models.prompt_ids(model, batch=args.batch)
@@ -124,7 +133,8 @@ def main() -> None:
     }
     print(
         f"hf_ssu_overhead: {args.arch} {args.preset} ({kernel.problem.describe()}), {args.dtype} model, "
-        f"batch {args.batch}, backend {kernel.backend}; torch {torch.__version__}, "
+        f"batch {args.batch}, backend {kernel.backend}"
+        f"{' (launched through jit[grid])' if args.triton_dispatch else ''}; torch {torch.__version__}, "
         f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}"
     )
     print(f"{'level':14s} {'host us/call':>13s} {'added us':>9s}")

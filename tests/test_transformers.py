@@ -126,8 +126,11 @@ def test_only_the_patched_model_is_routed_and_undo_restores(monkeypatch):
     assert counter[0] == 0  # another model of the same architecture keeps transformers' own SSU
     hf_models.generate(patched, prompt(), 3)
     assert counter[0] == 4
+    mixers = [m for _, m in integration.find_mixers(patched)]
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in mixers)  # torch's fast call path
     patch.undo()
     assert getattr(module, integration.FUNCTION) is original and integration.patched(patched) is None
+    assert all("forward" not in m.__dict__ for m in mixers)
     patch.undo()  # a second undo does nothing
 
 
@@ -149,7 +152,7 @@ def test_refusals_leave_the_model_unpatched():
     ):
         integration.patch(model, backend="flashinfer")
     assert getattr(module, integration.FUNCTION) is original and integration.patched(model) is None
-    assert not any(m._forward_pre_hooks for _, m in integration.find_mixers(model))
+    assert not any("forward" in m.__dict__ for _, m in integration.find_mixers(model))
     with integration.patch(model, backend="reference"):
         with pytest.raises(ssu.ConfigError, match="is patched already"):
             integration.patch(model, backend="reference")

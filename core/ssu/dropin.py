@@ -38,17 +38,25 @@ if TYPE_CHECKING:
 
 @attrs.define(eq=False)
 class _Adopted:
-    """One engine tensor adopted by one kernel."""
+    """One engine tensor adopted by one kernel, with what a call checks and passes on at hand."""
 
     tensor: "weakref.ref[Tensor]"
     kernel: "Kernel"
     state: "State"
+    step: Any = None  # kernel.step
+    max_batch: int = 0
+    pad_slot_id: int = -1
+
+    def __attrs_post_init__(self) -> None:
+        self.step = self.kernel.step
+        self.max_batch = self.kernel.problem.max_batch
+        self.pad_slot_id = self.kernel.problem.pad_slot_id
 
 
 _configs: dict = {}  # id(config) -> the Config used (None: the loaded one)
 _kernels: dict = {}  # (problem fields but the batch, id(config)) -> Kernel
 _adopted: dict = {}  # (id(state), id(config)) -> _Adopted
-_rows: dict = {}  # (batch, device) -> arange(batch): the slots of a call without state_batch_indices
+_rows: dict = {}  # (batch, device string) -> arange(batch): the slots of a call without state_batch_indices
 
 
 def clear() -> None:
@@ -87,21 +95,19 @@ def selective_state_update(
     """
     entry = _adopted.get((id(state), id(config)))
     b = x.shape[0]
-    if entry is None or entry.tensor() is not state or b > entry.kernel.problem.max_batch:
-        entry = _prepare(state, x, B, pad_slot_id, config)
-    elif entry.kernel.problem.pad_slot_id != pad_slot_id:
+    if entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id:
         entry = _prepare(state, x, B, pad_slot_id, config)
     if state_batch_indices is None:
-        rows = _rows.get((b, x.device))
-        if rows is None:
-            rows = _default_rows(b, x.device, pad_slot_id)
-        state_batch_indices = rows
-    return entry.kernel.step(
+        state_batch_indices = _rows.get((b, entry.kernel.problem.device))
+        if state_batch_indices is None:
+            state_batch_indices = _default_rows(b, entry, pad_slot_id)
+    return entry.step(
         entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0, dst_state_batch_indices
     )
 
 
-def _default_rows(b: int, device, pad_slot_id: int):
+def _default_rows(b: int, entry: _Adopted, pad_slot_id: int):
+    """``arange(b)`` on the kernel's device (row b uses slot b), kept for the next call."""
     import torch
 
     if 0 <= pad_slot_id < b:
@@ -110,6 +116,7 @@ def _default_rows(b: int, device, pad_slot_id: int):
             "row b uses slot b); pass state_batch_indices, or a pad id outside 0.."
             f"{b - 1} (the default -1)"
         )
+    device = entry.kernel.problem.device
     rows = _rows[(b, device)] = torch.arange(b, dtype=torch.int32, device=device)
     return rows
 

@@ -10,14 +10,21 @@ import triton
 
 from ssu.slot_kernels import pdl_capable
 
+from . import fast_launch
 from .kernel import ssu_kernel
+from .plugin import interpreting
 
 
 def kernel_call(jit, grid, compile_only: bool = False):
-    """``jit[grid]``, the launch of a Triton kernel on ``grid``; with ``compile_only`` the same call
-    compiles it instead (``jit.warmup`` on ``grid``), which is what
-    :func:`~ssu_backend_triton.tuning.compile_in_parallel` queues."""
-    return functools.partial(jit.warmup, grid=grid) if compile_only else jit[grid]
+    """The launch of a Triton kernel on ``grid``: on a GPU through :func:`fast_launch.launch` (the
+    compiled kernel launched directly once its launch key was seen), in the interpreter
+    ``jit[grid]``; with ``compile_only`` the same call compiles it instead (``jit.warmup`` on
+    ``grid``), which is what :func:`~ssu_backend_triton.tuning.compile_in_parallel` queues."""
+    if compile_only:
+        return functools.partial(jit.warmup, grid=grid)
+    if interpreting():
+        return jit[grid]
+    return functools.partial(fast_launch.launch, jit, grid)
 
 
 def _strides(t, lead: int):

@@ -329,3 +329,36 @@ def test_warmup_compiles_every_variant_a_step_takes(tokens, gen):
             kernel.commit(state, slots, torch.full((3,), 2, dtype=torch.int32, device=p.device))
     torch.cuda.synchronize()
     assert _compiled(triton_kernel.ssu_kernel) == compiled
+
+
+def test_direct_launches_follow_alignment_dtype_and_layout(gen):
+    """Steps launched again through the kept kernel (``fast_launch``) agree with the reference for
+    every change Triton specializes on: 16-byte aligned and unaligned inputs, another slot dtype,
+    another input layout, one after another and back, each through the same kernel object."""
+    from ssu_backend_triton import fast_launch
+
+    p = cuda_problem(max_batch=8, num_slots=32, input_dtype="fp32")
+    kernel = ssu.open(ssu.Config(backend="triton"), p)
+    reference = ssu.open(ssu.Config(backend="reference"), p)
+    state, ref_state = kernel.allocate_state(), reference.allocate_state()
+    slots = torch.randperm(32, device="cuda")[:8].int()
+    values = torch.randn(8, p.nheads, p.headdim, p.dstate, device="cuda")
+    kernel.write_state(state, slots, values)
+    reference.write_state(ref_state, slots, values)
+    inputs = step_inputs(p, slots, gen).kwargs()
+    padded = torch.empty(8 * p.nheads * p.headdim + 1, device="cuda")
+    unaligned = padded[1:].view(8, p.nheads, p.headdim)  # 4 bytes past an aligned address
+    variants = [
+        {},
+        {"x": unaligned.copy_(inputs["x"])},
+        {"slots": slots.long()},
+        {"x": inputs["x"].transpose(0, 1).contiguous().transpose(0, 1)},
+        {},
+    ]
+    for change in variants:
+        call = dict(inputs, **change)
+        out = kernel.step(state, **call)
+        expected = reference.step(ref_state, **call)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(kernel.read_state(state, slots), reference.read_state(ref_state, slots))
+    assert len(fast_launch._kept) >= 1

@@ -12,9 +12,11 @@ scan), convolutions, norms and projections stay transformers' own.
 
 How: a transformers Mamba2 mixer calls the module-level function ``mamba2_selective_state_update``
 of its modeling module; :func:`patch` replaces that function, in each modeling module with a
-patched mixer, by one that sends the call to ssu while a patched mixer is running (its forward
-hooks mark it) and to the original otherwise, so other models in the process are not affected.
-:meth:`Patch.undo` removes the hooks and puts the original back when no patch uses it.
+patched mixer, by one that sends the call to ssu while a patched mixer is running and to the
+original otherwise, so other models in the process are not affected. A patched mixer's
+``forward`` is wrapped (an instance attribute) to mark it running, rather than given forward
+hooks, which would move every call of the mixer onto torch's slower hook path.
+:meth:`Patch.undo` removes the wrappers and puts the original back when no patch uses it.
 Mamba-1 architectures (mamba, falcon_mamba, jamba: an SSU with untied parameters) are refused.
 """
 
@@ -56,22 +58,22 @@ class Patch:
     mixers: list
     modules: list
     config: Any
-    hooks: list = attrs.field(factory=list)
     active: bool = True
 
     def undo(self) -> None:
-        """Remove the hooks; restore each modeling module's function once no patch uses it."""
+        """Remove the mixers' forward wrappers; restore each modeling module's function once no
+        patch uses it."""
         if not self.active:
             return
-        for hook in self.hooks:
-            hook.remove()
+        for mixer in self.mixers:
+            if getattr(mixer.__dict__.get("forward"), "_ssu_marks", False):
+                del mixer.forward
         for name in self.modules:
             entry = _patched_modules[name]
             entry[1] -= 1
             if entry[1] == 0:
                 setattr(sys.modules[name], FUNCTION, entry[0])
                 del _patched_modules[name]
-        self.hooks.clear()
         self.active = False
         if getattr(self.model, "_ssu_patch", None) is self:
             del self.model._ssu_patch
@@ -187,27 +189,36 @@ def patch(model, config=None, **options) -> Patch:
             setattr(module, FUNCTION, _dispatcher(original, selective_state_update))
         _patched_modules[name][1] += 1
     for mixer in result.mixers:
-        tokens: list = []
-        result.hooks.append(
-            mixer.register_forward_pre_hook(lambda module, args, tokens=tokens: tokens.append(_running.set(config)))
-        )
-        result.hooks.append(
-            mixer.register_forward_hook(
-                lambda module, args, output, tokens=tokens: _running.reset(tokens.pop()) if tokens else None,
-                always_call=True,
-            )
-        )
+        mixer.forward = _marking(mixer.forward, config)
     model._ssu_patch = result
     return result
+
+
+def _marking(forward, config):
+    """``forward`` (a mixer's bound method) run with the mixer marked as a patched one serving
+    ``config``: the instance attribute that stands for it while patched."""
+
+    def marked_forward(*args, **kwargs):
+        token = _running.set(config)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _running.reset(token)
+
+    marked_forward._ssu_marks = True
+    marked_forward.__wrapped__ = forward
+    return marked_forward
 
 
 def _dispatcher(original, selective_state_update):
     """The modeling module's new function: ssu while a patched mixer runs, else the original. Under
     ``torch.compile`` the call to ssu is a graph break: it runs as it does eagerly (its kernel
-    lookups and checks are Python), the rest of the model compiled around it."""
+    lookups and checks are Python), the rest of the model compiled around it; eagerly it is a
+    plain call (no dynamo wrapper in the way)."""
     import torch
 
-    selective_state_update = torch.compiler.disable(selective_state_update)
+    compiled_out = torch.compiler.disable(selective_state_update)
+    is_compiling = torch.compiler.is_compiling
 
     def mamba2_selective_state_update(
         state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **kwargs
@@ -217,7 +228,8 @@ def _dispatcher(original, selective_state_update):
             return original(
                 state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z, **kwargs
             )
-        return selective_state_update(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=config)
+        call = compiled_out if is_compiling() else selective_state_update
+        return call(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=config)
 
     mamba2_selective_state_update.__wrapped__ = original
     return mamba2_selective_state_update
