@@ -67,25 +67,6 @@ def device_us(fn, calls: int) -> float:
     return statistics.median(samples)
 
 
-def captured_call(model, ids, module_name: str):
-    """The positional and keyword arguments of the first one-token SSU call of a generate."""
-    module = sys.modules[module_name]
-    patched = getattr(module, ssu_hf.FUNCTION)
-    seen = []
-
-    def recording(*args, **kwargs):
-        if not seen and args[1].dim() == 3:
-            seen.append((args, kwargs))
-        return patched(*args, **kwargs)
-
-    setattr(module, ssu_hf.FUNCTION, recording)
-    try:
-        hf_models.generate(model, ids, 2)
-    finally:
-        setattr(module, ssu_hf.FUNCTION, patched)
-    return seen[0]
-
-
 @torch.no_grad()  # as generate runs the model (the adopted state's views were made so)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -114,7 +95,7 @@ def main() -> None:
     module_name = type(mixer).__module__
     patch = ssu_hf.patch(model, backend=args.backend)
     hf_models.generate(model, ids, 3)  # opens, adopts and warms the kernels up
-    call_args, call_kwargs = captured_call(model, ids, module_name)
+    call_args, call_kwargs = hf_models.first_decode_call(model, ids)
     state, x = call_args[0], call_args[1]
     kernel = ssu.dropin.kernel_for(state, patch.config)
     adopted = ssu.dropin._adopted[(id(state), id(patch.config))].state

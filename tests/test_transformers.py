@@ -160,3 +160,22 @@ def test_refusals_leave_the_model_unpatched():
         hf_models.random_model("jamba", "tiny", 1)
     with pytest.raises(integration.UnsupportedModelError, match="has no Mamba2 mixer"):
         integration.patch(torch.nn.Linear(2, 2))
+
+
+def test_compare_prints_both_paths_and_the_ssu_per_layer(capsys):
+    from ssu.cli.main import main
+
+    assert main(["compare", "--arch", "mamba2", "--layers", "2", "--new-tokens", "4", "--backend", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "SSU us/layer" in out and "ssu (reference)" in out and "transformers" in out
+    assert "tokens: 4/4 equal (100.0 %)" in out
+    assert "kernel alone" not in out  # a device time is measured on CUDA only
+
+
+def test_first_decode_call_records_what_the_mixer_passes():
+    model = hf_models.random_model("nemotron_h", "tiny", 2)
+    args, kwargs = hf_models.first_decode_call(model, prompt())
+    state, x = args[0], args[1]
+    H, P, N, _ = hf_models.PRESETS["tiny"]
+    assert state.shape[1:] == (H, P, N) and x.shape[1:] == (H, P)
+    assert kwargs["dt_softplus"] is True and hf_models.kernel_us(model, prompt(), ssu.Config()) is None

@@ -70,6 +70,7 @@ def cmd_compare(args) -> int:
 
     from ..config import load_config
     from ..integrations import hf_models
+    from ..integrations.transformers import find_mixers
 
     for name in ("layers", "vocab", "batch", "prompt_len", "new_tokens"):
         if getattr(args, name) < 1:
@@ -90,13 +91,19 @@ def cmd_compare(args) -> int:
     result = hf_models.compare(model, ids, args.new_tokens, config=config, null=not args.no_share)
     backend = ssu_backend(model)
     rows = [("transformers", result.reference), (f"ssu ({backend})", result.through_ssu)]
-    print(f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s}")
+    layers = len(find_mixers(model))
+    print(f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s} {'SSU us/layer':>13s}")
     for name, run in rows:
-        ssu_time = share = "-"
+        ssu_time = share = per_layer = "-"
         if result.null_ssu is not None:
             spent = (run.per_token - result.null_ssu.per_token) * 1e3
             ssu_time, share = f"{spent:.3f}", f"{100 * spent / (run.per_token * 1e3):.0f} %"
-        print(f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s}")
+            per_layer = f"{spent * 1e3 / layers:.1f}"
+        print(f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s} {per_layer:>13s}")
+    if result.null_ssu is not None:
+        kernel = hf_models.kernel_us(model, ids, config)
+        if kernel is not None:
+            print(f"ssu's kernel alone: {kernel:.1f} us a layer on the device (CUDA-graph replays of its step)")
     total = result.reference.logits.shape[0] * result.reference.logits.shape[1]
     equal = round(result.agreement * total)
     first = result.first_divergence()
@@ -111,7 +118,10 @@ def cmd_compare(args) -> int:
             else "NOT explained by rounding"
         )
         print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
-    print("(ms/token: the median decode step after the first token; SSU share: against a run whose SSU returns zeros)")
+    print(
+        "(ms/token: the median decode step after the first token; SSU share: against a run whose SSU returns "
+        "zeros; SSU us/layer: that difference over the model's Mamba2 layers)"
+    )
     return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG
 
 

@@ -329,6 +329,65 @@ class null_ssu:
             setattr(sys.modules[name], integration.FUNCTION, function)
 
 
+def first_decode_call(model, input_ids) -> tuple:
+    """``(args, kwargs)`` of the first one-token SSU call a greedy generate of ``model`` makes (two
+    tokens), as the mixer passes them to its modeling module's function (patched or not)."""
+    import sys
+
+    from . import transformers as integration
+
+    modules = sorted({type(m).__module__ for _, m in integration.find_mixers(model)})
+    saved = {name: getattr(sys.modules[name], integration.FUNCTION) for name in modules}
+    seen: list = []
+
+    def recording(function):
+        def call(*args, **kwargs):
+            if not seen and args[1].dim() == 3:
+                seen.append((args, kwargs))
+            return function(*args, **kwargs)
+
+        return call
+
+    for name, function in saved.items():
+        setattr(sys.modules[name], integration.FUNCTION, recording(function))
+    try:
+        generate(model, input_ids, 2)
+    finally:
+        for name, function in saved.items():
+            setattr(sys.modules[name], integration.FUNCTION, function)
+    if not seen:
+        raise ConfigError(f"{type(model).__name__}: generate made no one-token SSU call to record")
+    return seen[0]
+
+
+def kernel_us(model, input_ids, config) -> Optional[float]:
+    """Device microseconds of one layer's SSU kernel alone at ``model``'s decode step, through ssu
+    with ``config`` (CUDA-graph replays of the backend's step callable on a first decode call's
+    arguments); None off CUDA or for a backend whose step a graph cannot capture."""
+    from .. import dropin
+    from ..timing import graph_time_us
+    from . import transformers as integration
+
+    if input_ids.device.type != "cuda":
+        return None
+    with integration.patch(model, config) as patch:
+        args, kwargs = first_decode_call(model, input_ids)
+        state, x, dt, A, B, C, D = args[:7]
+        entry = dropin._adopted.get((id(state), id(patch.config)))
+        if entry is None or not entry.kernel.capabilities.cuda_graphs:
+            return None
+        import torch
+
+        slots = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+        out = torch.empty_like(x)
+        raw, adopted = entry.kernel.raw_step, entry.state
+        z, dt_bias = kwargs.get("z"), kwargs.get("dt_bias")
+        with torch.no_grad():
+            return graph_time_us(
+                [lambda: raw(adopted, x, dt, A, B, C, slots, D, z, dt_bias, True, out, 0, None)], min_launches=20
+            )
+
+
 def prompt_ids(model, batch: int = 1, length: int = 8, seed: int = 0):
     """Random prompt tokens for ``model`` (batch, length), on its device."""
     import torch
