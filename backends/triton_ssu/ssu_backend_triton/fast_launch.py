@@ -16,6 +16,7 @@ before (compiling if needed) and keeps what it returns.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -24,21 +25,41 @@ import torch
 #: serving process: a key changes only with the layout or the options of a call)
 MAX_KEYS = 1024
 
-_kept: dict = {}  # id(jit) -> {launch key: (compiled kernel, names of the keyword parameters in order)}
+_kept: dict = {}  # id(jit) -> _Kept
 #: the device Triton compiles and launches for (its current CUDA device)
 current_device = torch.cuda.current_device
 
 
-def _key(args: tuple, kwargs: dict) -> tuple:
-    """The launch key of a call (see the module docstring)."""
-    parts = [current_device()]
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            parts.append((arg.dtype, arg.data_ptr() % 16 == 0))
-        else:
-            parts.append(arg)
-    parts.extend(kwargs.items())
-    return tuple(parts)
+class _Kept:
+    """One jit function's kept kernels, and where its calls pass tensors (found at the first call:
+    a kernel's call site passes a tensor, and only a tensor, at the same positions every time)."""
+
+    __slots__ = ("kernels", "tensors", "others", "count")
+
+    def __init__(self, args: tuple) -> None:
+        self.kernels: dict = {}  # launch key -> (compiled kernel, names of the keyword parameters in order)
+        positions = [i for i, arg in enumerate(args) if isinstance(arg, torch.Tensor)]
+        rest = [i for i in range(len(args)) if i not in positions]
+        self.tensors = operator.itemgetter(*positions) if len(positions) > 1 else None
+        self.others = operator.itemgetter(*rest) if len(rest) > 1 else None
+        self.count = len(args)
+
+    def key(self, args: tuple, kwargs: dict) -> tuple:
+        """The launch key of a call (see the module docstring)."""
+        if self.tensors is None or self.others is None or len(args) != self.count:
+            return (current_device(), *_slow_key(args), *kwargs.items())
+        tensors = self.tensors(args)
+        return (
+            current_device(),
+            *[t.dtype for t in tensors],
+            *[t.data_ptr() & 15 == 0 for t in tensors],
+            *self.others(args),
+            *kwargs.items(),
+        )
+
+
+def _slow_key(args: tuple) -> list:
+    return [(arg.dtype, arg.data_ptr() & 15 == 0) if isinstance(arg, torch.Tensor) else arg for arg in args]
 
 
 def _ordered_names(jit, args: tuple, kwargs: dict):
@@ -52,9 +73,14 @@ def launch(jit, grid: tuple, *args: Any, **kwargs: Any):
     """``jit[grid](*args, **kwargs)``, with the kernel kept per launch key and launched directly on
     a later call with the same key; returns Triton's handle of the compiled kernel (None when
     interpreted)."""
-    kept = _kept.setdefault(id(jit), {})
-    key = _key(args, kwargs)
-    entry = kept.get(key)
+    kept = _kept.get(id(jit))
+    if kept is None:
+        kept = _kept[id(jit)] = _Kept(args)
+    try:
+        key = kept.key(args, kwargs)
+    except (AttributeError, TypeError):  # a call that passes other kinds of arguments: Triton decides
+        return jit[grid](*args, **kwargs)
+    entry = kept.kernels.get(key)
     if entry is not None:
         compiled, names = entry
         compiled[grid](*args, *[kwargs[name] for name in names])
@@ -62,9 +88,9 @@ def launch(jit, grid: tuple, *args: Any, **kwargs: Any):
     compiled = jit[grid](*args, **kwargs)
     names = _ordered_names(jit, args, kwargs)
     if compiled is not None and hasattr(compiled, "packed_metadata") and names is not None:
-        if len(kept) >= MAX_KEYS:
-            kept.clear()
-        kept[key] = (compiled, names)
+        if len(kept.kernels) >= MAX_KEYS:
+            kept.kernels.clear()
+        kept.kernels[key] = (compiled, names)
     return compiled
 
 

@@ -93,3 +93,22 @@ def test_an_interpreted_launch_is_never_kept(jit, monkeypatch):
     for _ in range(2):
         assert fast_launch.launch(jit, (1,), x, 8, BLOCK=16, EVEN=True) is None
     assert jit.log == ["jit", "jit"]
+
+
+class FakeJit2(FakeJit):
+    arg_names = ["a_ptr", "b_ptr", "n", "m", "BLOCK"]
+
+
+def test_the_positional_key_of_a_call_site_with_several_tensors(monkeypatch):
+    monkeypatch.setattr(fast_launch, "current_device", lambda: 0)
+    fast_launch.forget()
+    jit = FakeJit2()
+    a, b = torch.zeros(8), torch.zeros(8, dtype=torch.float16)
+    fast_launch.launch(jit, (1,), a, b, 3, 4, BLOCK=8)
+    fast_launch.launch(jit, (1,), a.clone(), b.clone(), 3, 4, BLOCK=8)  # other tensors, same key
+    fast_launch.launch(jit, (1,), a, b.float(), 3, 4, BLOCK=8)  # another dtype
+    fast_launch.launch(jit, (1,), a, torch.zeros(9)[1:], 3, 4, BLOCK=8)  # unaligned
+    fast_launch.launch(jit, (1,), a, b, 3, 5, BLOCK=8)  # another integer
+    fast_launch.launch(jit, (1,), a, None, 3, 4, BLOCK=8)  # no tensor where one was: Triton decides
+    assert [entry[0] for entry in jit.log] == ["jit", "direct", "jit", "jit", "jit", "jit"]
+    fast_launch.forget()
