@@ -71,3 +71,17 @@ def test_block_runs(lang, body, tmp_path, monkeypatch):
 
 def test_the_docs_have_runnable_blocks():
     assert sum(1 for _ in blocks()) >= 5
+
+
+def _summary(path: Path) -> str:
+    text = path.read_text()
+    start, end = text.find("<!-- summary"), text.find("<!-- /summary -->")
+    assert 0 <= start < end, f"{path.name} has no <!-- summary ... --> ... <!-- /summary --> block"
+    return text[start:end]
+
+
+def test_the_readme_quotes_the_benchmark_summary_word_for_word():
+    """The README's figures are docs/benchmarks.md's summary: one source for every number."""
+    assert _summary(ROOT / "README.md") == _summary(ROOT / "docs" / "benchmarks.md"), (
+        "README.md's summary block differs from docs/benchmarks.md's: copy the docs' block into the README"
+    )
