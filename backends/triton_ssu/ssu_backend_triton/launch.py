@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import triton
 
 from ssu.slot_kernels import pdl_capable
 
@@ -25,6 +24,17 @@ def kernel_call(jit, grid, compile_only: bool = False):
     if interpreting():
         return jit[grid]
     return functools.partial(fast_launch.launch, jit, grid)
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive integers: ``triton.cdiv`` without the constexpr-function wrapper
+    that makes each call of it cost microseconds on the launch path."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at least ``n`` (n >= 1): ``triton.next_power_of_2``, plain."""
+    return 1 << (n - 1).bit_length()
 
 
 def _strides(t, lead: int):
@@ -97,7 +107,7 @@ def launch(
     os_ = _strides(out, lead)
     rs = read.stride()
     ws = write.stride()
-    grid = (triton.cdiv(P, block_p * tiles), H, b)
+    grid = (cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(read.device)
     return kernel_call(ssu_kernel, grid, compile_only)(
         read,
@@ -160,8 +170,8 @@ def launch(
         P=P,
         N=N,
         BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N),
-        EVEN_N=triton.next_power_of_2(N) == N,
+        BLOCK_N=next_power_of_2(N),
+        EVEN_N=next_power_of_2(N) == N,
         TILES=tiles,
         STAGES=stages,
         SPECULATIVE=consts.speculative,

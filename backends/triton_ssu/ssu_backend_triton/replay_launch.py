@@ -7,11 +7,10 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
-import triton
 
 from ssu.slot_kernels import pdl_capable
 
-from .launch import _strides, kernel_call
+from .launch import _strides, cdiv, kernel_call, next_power_of_2
 from .replay_fold import fold_kernel
 from .replay_kernel import replay_kernel, ring_commit_kernel
 
@@ -74,7 +73,7 @@ def launch(
     os_ = _strides(out, lead)
     ck = views.ck
     cks = ck.stride()
-    grid = (triton.cdiv(P, block_p * tiles), H, b)
+    grid = (cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(ck.device)
     folded = bool(fold)
     heads = math.gcd(fold, consts.heads_per_group) if folded else 1
@@ -109,23 +108,23 @@ def launch(
         kernel_call(fold_kernel, (H // heads, b), compile_only)(
             *args,
             T=T,
-            TQ=max(16, triton.next_power_of_2(T)),
+            TQ=max(16, next_power_of_2(T)),
             SPECULATIVE=consts.speculative,
-            M=max(16, triton.next_power_of_2(consts.ring)),
+            M=max(16, next_power_of_2(consts.ring)),
             HEADS=heads,
             ROWS=FOLD_ROWS,
             STAGES=FOLD_STAGES,
-            BLOCK_N=max(16, triton.next_power_of_2(N)),
+            BLOCK_N=max(16, next_power_of_2(N)),
             num_warps=FOLD_WARPS,
             **shared,
         )
     return kernel_call(replay_kernel, grid, compile_only)(
         *args,
         T=T,
-        TP=triton.next_power_of_2(T),
-        M=triton.next_power_of_2(consts.ring),
+        TP=next_power_of_2(T),
+        M=next_power_of_2(consts.ring),
         BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_N=next_power_of_2(N),
         TILES=tiles,
         STAGES=stages if tiles > 1 else 0,
         SPECULATIVE=consts.speculative,
@@ -140,9 +139,9 @@ def commit(count, slots, num_accepted, faults, *, tokens: int, pad_slot_id: int,
     """Add each row's accepted count to its slot's ring count in every layer of ``count`` (Ly, S):
     one launch, graph capturable."""
     b = slots.shape[0]
-    block = min(1024, triton.next_power_of_2(max(b, 1)))
+    block = min(1024, next_power_of_2(max(b, 1)))
     pdl = bool(pdl) and pdl_capable(count.device)
-    return ring_commit_kernel[(triton.cdiv(b, block),)](
+    return ring_commit_kernel[(cdiv(b, block),)](
         count,
         slots,
         num_accepted,
