@@ -5,7 +5,7 @@
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
 # verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
-# hf-overhead.
+# hf-overhead, bench-all (the four GPU backends in one run).
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -65,6 +65,9 @@ for stage in "$@"; do
       --backends triton,flashinfer --out "$OUT/bench-t4" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-t4.log" | tail -30 ;;
     hf) timeout 400 python3 benchmarks/hf_decode.py --arch nemotron_h --preset nemotron-h-8b --layers 4 --dtype bf16 \
       --batches 1,8,32,128 --backend triton --compile 2>&1 | grep -v 'falling back' | tee "$OUT/hf.log" ;;
+    bench-all) timeout 580 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,512,1024}" \
+      --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-all" 2>&1 | grep -v '^\[ssu' \
+      | tee "$OUT/bench-all.log" | tail -70 ;;
     hf-overhead) { timeout 120 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
         --layers 4 --dtype fp32 --device cuda --backend triton --triton-dispatch 2>&1 | sed -n '/^hf_ssu/,/device time/p'
       timeout 240 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \

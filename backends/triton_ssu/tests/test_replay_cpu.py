@@ -115,8 +115,17 @@ def test_speculative_decode_wraps_the_ring(window, fold, state, gen):
     assert int(state.buffers["start"].max()) > 0  # the ring's start moved: flushes happened
 
 
-@pytest.mark.parametrize("fold", [0, 2])
-@pytest.mark.parametrize("window", [0, 1, 3])
+@pytest.mark.parametrize(
+    ("window", "fold"),
+    [
+        (0, 0),
+        (0, 2),
+        pytest.param(1, 0, marks=pytest.mark.slow),
+        (1, 2),
+        pytest.param(3, 0, marks=pytest.mark.slow),
+        (3, 2),
+    ],
+)
 def test_cursors_follow_the_flush_rule(window, fold, gen):
     """One-token steps: the ring count after each step is the rule's (append while count + 1 <=
     window, else fold everything), with the fold kernel or without, and every program of a row
@@ -192,6 +201,7 @@ def test_a_table_without_windows_runs_the_triton_kernel(through, adopt, monkeypa
     assert not opened(problem(tokens_per_step=2, speculative=True), window=2)._ctx.memo["launcher"].route[0]
 
 
+@pytest.mark.slow
 def test_rings_that_held_tokens_keep_the_replay_kernel(monkeypatch, gen):
     """A state stepped in a bucket with a window, then under a table that writes through
     everywhere: its rings may hold tokens, so this backend's kernel folds them (the reference
@@ -227,6 +237,7 @@ def test_rings_that_held_tokens_keep_the_replay_kernel(monkeypatch, gen):
     assert len(seen) == 1  # the fresh state went to the triton kernel
 
 
+@pytest.mark.slow
 def test_sync_of_every_slot_returns_a_state_to_the_triton_kernel(monkeypatch, gen):
     """An adopted state stepped in a bucket with a window, then under a table that writes through
     everywhere: a sync of some slots keeps this backend's kernel (other rings may hold tokens);
@@ -354,7 +365,7 @@ def test_commit_moves_counts_and_copies_no_state(gen):
 @pytest.mark.parametrize(
     ("pad_id", "T", "fold"),
     [
-        (-1, 1, 0),
+        pytest.param(-1, 1, 0, marks=pytest.mark.slow),
         pytest.param(0, 1, 1, marks=pytest.mark.slow),
         pytest.param(-1, 2, 0, marks=pytest.mark.slow),
         pytest.param(0, 2, 0, marks=pytest.mark.slow),

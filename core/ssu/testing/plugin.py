@@ -3,7 +3,7 @@
 It adds options, and the ``gpu`` marker that every ssu distribution's GPU tests carry: such a test
 is skipped, with the reason, where no CUDA device is visible (``gpu2``: fewer than two) (so that ``pytest`` inside one
 backend's folder behaves as it does from the repository); and the ``slow`` marker of tests that take
-more than about ten seconds on 2 cores. Nothing else is imported or collected
+more than about five seconds on 2 cores. Nothing else is imported or collected
 unless ``--ssu-backend`` is given: then the suite module :mod:`ssu.testing.suite` is what runs,
 beside the paths the command line names (without any, the suite alone: not the tests of the
 folder pytest runs in).
@@ -55,7 +55,7 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "gpu2: needs two CUDA devices of one host (skipped with fewer)")
     config.addinivalue_line(
-        "markers", "slow: more than about ten seconds on 2 cores (the repository's `pytest` leaves these to `-m slow`)"
+        "markers", "slow: more than about five seconds on 2 cores (the repository's `pytest` leaves these to `-m slow`)"
     )
     name = config.getoption("ssu_backend", None)
     if not name:
