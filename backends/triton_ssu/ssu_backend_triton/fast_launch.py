@@ -83,6 +83,8 @@ def launch(jit, grid: tuple, *args: Any, **kwargs: Any):
     entry = kept.kernels.get(key)
     if entry is not None:
         compiled, names = entry
+        if len(grid) < 3:  # CompiledKernel[grid] reads three dimensions; jit[grid] pads them with ones
+            grid = (*grid, 1, 1)[:3]
         compiled[grid](*args, *[kwargs[name] for name in names])
         return compiled
     compiled = jit[grid](*args, **kwargs)

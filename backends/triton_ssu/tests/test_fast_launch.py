@@ -112,3 +112,11 @@ def test_the_positional_key_of_a_call_site_with_several_tensors(monkeypatch):
     fast_launch.launch(jit, (1,), a, None, 3, 4, BLOCK=8)  # no tensor where one was: Triton decides
     assert [entry[0] for entry in jit.log] == ["jit", "direct", "jit", "jit", "jit", "jit"]
     fast_launch.forget()
+
+
+def test_a_grid_of_fewer_than_three_dimensions_is_padded_for_the_kept_kernel(jit):
+    """jit[grid] pads a 1-D or 2-D grid with ones; CompiledKernel[grid] reads three dimensions."""
+    x = torch.zeros(8)
+    for _ in range(2):
+        fast_launch.launch(jit, (5, 2), x, 8, BLOCK=16, EVEN=True)
+    assert jit.log[1][:2] == ("direct", (5, 2, 1))
