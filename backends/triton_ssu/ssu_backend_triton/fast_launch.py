@@ -89,7 +89,7 @@ def launch(jit, grid: tuple, *args: Any, **kwargs: Any):
         return compiled
     compiled = jit[grid](*args, **kwargs)
     names = _ordered_names(jit, args, kwargs)
-    if compiled is not None and hasattr(compiled, "packed_metadata") and names is not None:
+    if names is not None and hasattr(compiled, "packed_metadata"):  # not an interpreted launch (None)
         if len(kept.kernels) >= MAX_KEYS:
             kept.kernels.clear()
         kept.kernels[key] = (compiled, names)

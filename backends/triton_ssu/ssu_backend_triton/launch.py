@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-
 from ssu.slot_kernels import pdl_capable
 
 from . import fast_launch

@@ -157,7 +157,13 @@ def cmd_explain(args) -> int:
 def cmd_check_config(args) -> int:
     """Check a configuration file without running a kernel: backend names, option tables, option values."""
     from ..config import find_config_file, load_config
-    from ..errors import BackendBrokenError, BackendError, BackendIncompatibleError, ConfigError
+    from ..errors import (
+        BackendBrokenError,
+        BackendDisabledError,
+        BackendError,
+        BackendIncompatibleError,
+        ConfigError,
+    )
     from ..registry import default_registry
     from ..resolve import check_backend_names, check_option_tables, validated_options
 
@@ -179,15 +185,17 @@ def cmd_check_config(args) -> int:
         raise ConfigError(f"{path}: backend: {exc}") from None
     check_option_tables(config, registry)
     installed = registry.discover()
-    for name in config.candidates:  # a backend the file selects must import, as `ssu run` needs it to
-        if name in installed:
-            try:
-                registry.load(name)
-            except (BackendBrokenError, BackendIncompatibleError) as exc:
-                raise type(exc)(f"{path}: backend: {exc}") from None
-            except BackendError:  # disabled by SSU_PLUGINS / SSU_DISABLE_PLUGINS here: a note below
-                pass
     notes = []
+    for name in config.candidates:  # a backend the file selects must import, as `ssu run` needs it to
+        if name not in installed:
+            continue
+        try:
+            registry.load(name)
+        except (BackendBrokenError, BackendIncompatibleError) as exc:
+            raise type(exc)(f"{path}: backend: {exc}") from None
+        except BackendDisabledError as exc:  # switched off here by SSU_PLUGINS / SSU_DISABLE_PLUGINS
+            if name not in config.backends:  # else the options' note below says it
+                notes.append(str(exc))
     for name in config.backends:
         if name not in installed:
             notes.append(f"options for {name!r} not checked: that backend is not installed")
@@ -196,10 +204,6 @@ def cmd_check_config(args) -> int:
             validated_options(registry.load(name), config)  # an error names the file and the option
         except BackendError as exc:
             notes.append(f"options for {name!r} not checked: {exc}")
-    for name in config.candidates:
-        reason = registry.disabled_reason(name) if name in installed else None
-        if reason and name not in config.backends:
-            notes.append(f"backend {name!r} is {reason}")
     print(f"{path}: OK (backend = {', '.join(config.candidates)}, validate = {config.validate})")
     for note in notes:
         print(f"  note: {note}")
