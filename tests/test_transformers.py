@@ -169,6 +169,7 @@ def test_compare_prints_both_paths_and_the_ssu_per_layer(capsys):
     out = capsys.readouterr().out
     assert "SSU us/layer" in out and "ssu (reference)" in out and "transformers" in out
     assert "tokens: 4/4 equal (100.0 %)" in out
+    assert "one layer's SSU call, host time:" in out and "above them" in out
     assert "kernel alone" not in out  # a device time is measured on CUDA only
 
 

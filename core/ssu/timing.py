@@ -76,3 +76,29 @@ def event_time_us(
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000.0 / len(launches))
     return statistics.median(samples)
+
+
+def host_times_us(calls: dict, *, count: int = 200, repeats: int = 7, warmup: int = 10, cuda: bool = False) -> dict:
+    """Median host microseconds per call of each callable of ``calls`` (name -> callable), each
+    called ``count`` times in a row as an eager decode step calls it, the device synchronised
+    before and after each run (so a run also waits for the last kernel), the callables' runs
+    interleaved ``repeats`` times so that they share the host's drift. What a launch costs on the
+    host, where the kernel itself is shorter: the share of an eager decode at small batch."""
+    import time
+
+    import torch
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                fn()
+            sync()
+            samples[name].append((time.perf_counter() - t0) / count * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}

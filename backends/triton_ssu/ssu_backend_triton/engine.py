@@ -16,7 +16,7 @@ from ssu.slot_state import versions
 
 from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
-from .launch import StepConstants, launch
+from .launch import StepConstants, StepLaunches, launch
 
 
 class Launcher:
@@ -93,14 +93,16 @@ class Launcher:
         )
 
     def make_step(self):
-        """The step callable: no checks, no allocation but ``out`` when none is given, one launch (through the custom op
-        when compiling)."""
+        """The step callable: no checks, no allocation but ``out`` when none is given, one launch
+        (through the custom op when compiling; directly through Triton's launcher once the call's
+        layout was seen, :class:`~ssu_backend_triton.launch.StepLaunches`)."""
         table = self.table
         seed = self.seed
         faults = self.faults
         consts = {True: self.constants(True), False: self.constants(False)}  # allocated / adopted speculative
         is_compiling = torch.compiler.is_compiling
         op = torch.ops.ssu_triton.step
+        launches = StepLaunches(seed, faults)
 
         def step(
             state,
@@ -146,7 +148,7 @@ class Launcher:
                     list(schedule),
                 )
             else:
-                launch(
+                launches(
                     read,
                     write,
                     cursor,
@@ -161,9 +163,7 @@ class Launcher:
                     dt_bias,
                     dt_softplus,
                     out,
-                    seed,
                     dst_slots,
-                    faults,
                     consts[cursor is not None],
                     schedule,
                 )
@@ -259,7 +259,7 @@ class Launcher:
             self._scratch_faults,
             consts,
             config,
-            compile_only,
+            compile_only=compile_only,
         )
 
     def compile_all(self) -> None:

@@ -17,7 +17,7 @@ before (compiling if needed) and keeps what it returns.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -94,6 +94,53 @@ def launch(jit, grid: tuple, *args: Any, **kwargs: Any):
             kept.kernels.clear()
         kept.kernels[key] = (compiled, names)
     return compiled
+
+
+#: the arguments Triton's CUDA launcher (its compiled ``launch``) takes before the kernel's own, as
+#: the ``PyArg_ParseTuple`` format Triton 3.6 builds it from: grid x, y, z, stream, function,
+#: cooperative and PDL flags, global and profile scratch, packed metadata, launch metadata, enter
+#: and exit hooks. :func:`direct` serves a Triton whose launcher declares exactly this, no other.
+LAUNCHER_FORMAT = "iiiKKppOOOOOO"
+
+
+def _launcher_format() -> Optional[str]:
+    try:
+        from triton.backends.nvidia import driver
+    except Exception:  # no CUDA backend in this Triton
+        return None
+    return getattr(driver, "_BASE_ARGS_FORMAT", None)
+
+
+def _hook_set(hook) -> bool:
+    """A launch hook is set: a callable (Triton 3.6), or a chain of hooks holding one (later)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def direct(compiled) -> Optional[tuple]:
+    """``(launch, fixed)`` to launch ``compiled`` (a CompiledKernel) through Triton's C launcher
+    itself: ``launch(grid_x, grid_y, grid_z, stream, *fixed, *kernel_args)``, where a pointer
+    argument may be the tensor's ``data_ptr()`` (an integer, which the launcher passes as it is).
+    That skips the Python layers of ``CompiledKernel[grid]`` (current device and stream lookups,
+    launch metadata, scratch allocation wrappers). None, for the caller to launch as Triton does,
+    when the installed Triton's launcher takes other arguments (:data:`LAUNCHER_FORMAT`), the
+    kernel needs scratch memory, or launch hooks (Triton's profiler) are set; hooks set later are
+    not called for launches made this way."""
+    if _launcher_format() != LAUNCHER_FORMAT:
+        return None
+    try:
+        import triton
+
+        runner = compiled.run  # loads the module and creates the launcher
+        hooks = (triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook)
+        function, metadata = compiled.function, compiled.packed_metadata
+        c_launch = runner.launch
+        flags = (bool(runner.launch_cooperative_grid), bool(runner.launch_pdl))
+        scratch = (runner.global_scratch_size or 0, runner.profile_scratch_size or 0)
+    except (AttributeError, ImportError):
+        return None
+    if any(_hook_set(hook) for hook in hooks) or any(scratch):
+        return None
+    return c_launch, (function, *flags, None, None, metadata, None, None, None)
 
 
 def forget() -> None:

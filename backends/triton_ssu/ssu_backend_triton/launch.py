@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import torch
+
 from ssu.slot_kernels import pdl_capable
 
 from . import fast_launch
@@ -56,7 +58,7 @@ class StepConstants(NamedTuple):
     philox_rounds: int
 
 
-def launch(
+def arguments(
     read,
     write,
     cursor,
@@ -76,10 +78,10 @@ def launch(
     faults,
     consts: StepConstants,
     schedule,
-    compile_only: bool = False,
 ):
-    """Launch one step of one layer: states read from ``read`` and written to ``write``, both
-    (slots, versions, H, P, N) views (:class:`ssu.slot_state.LayerViews`); ``schedule`` a
+    """The launch of one step of one layer as ``(grid, args, kwargs)`` of ``ssu_kernel[grid](*args,
+    **kwargs)``: states read from ``read`` and written to ``write``, both (slots, versions, H, P, N)
+    views (:class:`ssu.slot_state.LayerViews`); ``schedule`` a
     :class:`~ssu_backend_triton.tuning.Schedule`: ``block_p`` rows per tile, ``num_warps``,
     ``tiles`` per program and the ``stages`` of its pipelined loop (see the module docstring),
     ``maxnreg`` a cap on registers per thread (0: the compiler's choice; it sets how many
@@ -88,9 +90,8 @@ def launch(
     next kernel be scheduled at once and waits for the previous kernel to finish before it reads
     anything, so the launch of one step overlaps the drain of the kernel before it) and
     ``branchless`` (the optional inputs loaded with predicated loads instead of uniform
-    branches). Returns Triton's handle of the compiled kernel (its PTX and register count are
-    what tests and the schedule probe inspect). With ``compile_only`` the kernel is compiled (or
-    queued for compilation, :func:`~ssu_backend_triton.tuning.compile_in_parallel`), not run."""
+    branches). The kernel's first :data:`POINTERS` parameters are tensors, the rest integers,
+    flags and constants."""
     block_p, num_warps, tiles, stages, maxnreg, pdl, branchless = schedule
     b = x.shape[0]
     multi = x.dim() == 4
@@ -108,7 +109,7 @@ def launch(
     ws = write.stride()
     grid = (cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(read.device)
-    return kernel_call(ssu_kernel, grid, compile_only)(
+    args = (
         read,
         write,
         cursor if cursor is not None else slots,
@@ -163,6 +164,8 @@ def launch(
         z is not None,
         dt_bias is not None,
         bool(dt_softplus),
+    )
+    kwargs = dict(
         T=T,
         K=consts.versions,
         HEADS_PER_GROUP=consts.heads_per_group,
@@ -184,3 +187,141 @@ def launch(
         maxnreg=maxnreg or None,
         launch_pdl=pdl,
     )
+    return grid, args, kwargs
+
+
+def launch(*call, compile_only: bool = False):
+    """Launch one step of one layer (:func:`arguments` takes the same arguments) through
+    :func:`kernel_call`. Returns Triton's handle of the compiled kernel (its PTX and register count
+    are what tests and the schedule probe inspect; None when interpreted). With ``compile_only``
+    the kernel is compiled (or queued for compilation,
+    :func:`~ssu_backend_triton.tuning.compile_in_parallel`), not run."""
+    grid, args, kwargs = arguments(*call)
+    return kernel_call(ssu_kernel, grid, compile_only)(*args, **kwargs)
+
+
+#: the kernel's leading parameters that take tensors (its pointers)
+POINTERS = 16
+#: torch's current CUDA device and that device's current stream, as Triton reads them
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class StepLaunches:
+    """One kernel's step launches, each made directly through Triton's C launcher
+    (:func:`fast_launch.direct`) once a call with the same *layout* was launched the usual way.
+
+    An eager decode step launches one small kernel per layer; what it costs on the host, not the
+    kernel, is then the SSU's share of a token. :func:`arguments` builds 70-odd arguments per call
+    and ``jit[grid]`` or ``CompiledKernel[grid]`` add their own Python layers on top. Every
+    argument but the 16 pointers is fixed by the call's layout: the shapes, strides and dtypes of
+    the tensors, which optional inputs are given, softplus, the constants, the schedule and the
+    current device. So a call whose layout was seen (and whose pointers are all 16-byte aligned,
+    as Triton assumed when it compiled the kernel) passes the kept argument tail with its
+    tensors' addresses, and nothing is rebuilt. Any other call goes through :func:`launch` and
+    keeps the layout for next time (not in the interpreter, nor where :func:`fast_launch.direct`
+    declines).
+    """
+
+    def __init__(self, seed, faults) -> None:
+        self.seed = seed
+        self.faults = faults
+        self.direct = {}  # layout -> (C launch, fixed launcher arguments, grid x, y, z, kernel args after the pointers)
+
+    @staticmethod
+    def layout(
+        read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
+    ):
+        """What fixes every launch argument but the pointers (see the class docstring)."""
+        return (
+            x.shape,
+            x.stride(),
+            x.dtype,
+            dt.stride(),
+            dt.dtype,
+            A.stride(),
+            A.dtype,
+            B.shape,
+            B.stride(),
+            B.dtype,
+            C.stride(),
+            C.dtype,
+            slots.dtype,
+            None if dst_slots is None else dst_slots.dtype,
+            None if D is None else (D.stride(), D.dtype),
+            None if z is None else (z.stride(), z.dtype),
+            None if dt_bias is None else (dt_bias.stride(), dt_bias.dtype),
+            dt_softplus,
+            out.stride(),
+            out.dtype,
+            read.stride(),
+            read.dtype,
+            write.stride(),
+            None if cursor is None else cursor.dtype,
+            consts,
+            schedule,
+        )
+
+    def __call__(
+        self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
+    ):
+        """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
+        ``faults``, which are this kernel's)."""
+        device = _current_device() if _current_device is not None else None
+        key = (
+            device,
+            self.layout(
+                read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
+            ),
+        )
+        kept = self.direct.get(key)
+        if kept is not None:
+            seed = self.seed
+            pointers = (
+                read.data_ptr(),
+                write.data_ptr(),
+                (slots if cursor is None else cursor).data_ptr(),
+                x.data_ptr(),
+                dt.data_ptr(),
+                A.data_ptr(),
+                B.data_ptr(),
+                C.data_ptr(),
+                slots.data_ptr(),
+                (slots if dst_slots is None else dst_slots).data_ptr(),
+                (A if D is None else D).data_ptr(),
+                (x if z is None else z).data_ptr(),
+                (A if dt_bias is None else dt_bias).data_ptr(),
+                out.data_ptr(),
+                (slots if seed is None else seed).data_ptr(),
+                self.faults.data_ptr(),
+            )
+            aligned = 0
+            for address in pointers:
+                aligned |= address
+            if not aligned & 15:
+                c_launch, fixed, gx, gy, gz, tail = kept
+                c_launch(gx, gy, gz, _raw_stream(device), *fixed, *pointers, *tail)
+                return
+        grid, args, kwargs = arguments(
+            read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, self.seed, dst_slots,
+            self.faults, consts, schedule,
+        )  # fmt: skip
+        compiled = kernel_call(ssu_kernel, grid)(*args, **kwargs)
+        if kept is None and compiled is not None and device is not None and _raw_stream is not None:
+            self._keep(key, compiled, grid, args, kwargs)
+
+    def _keep(self, key, compiled, grid, args, kwargs) -> None:
+        names = list(getattr(ssu_kernel, "arg_names", ()))
+        if len(names) != len(args) + len([n for n in names[len(args) :] if n in kwargs]):
+            return  # a keyword Triton gets that is not a kernel parameter: launch as Triton does
+        if not all(isinstance(a, torch.Tensor) for a in args[:POINTERS]):
+            return
+        found = fast_launch.direct(compiled)
+        if found is None:
+            return
+        c_launch, fixed = found
+        grid = (*grid, 1, 1)[:3]
+        tail = (*args[POINTERS:], *[kwargs[n] for n in names[len(args) :]])
+        if len(self.direct) >= fast_launch.MAX_KEYS:
+            self.direct.clear()
+        self.direct[key] = (c_launch, fixed, *grid, tail)

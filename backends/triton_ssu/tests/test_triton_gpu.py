@@ -331,12 +331,30 @@ def test_warmup_compiles_every_variant_a_step_takes(tokens, gen):
     assert _compiled(triton_kernel.ssu_kernel) == compiled
 
 
-def test_direct_launches_follow_alignment_dtype_and_layout(gen):
-    """Steps launched again through the kept kernel (``fast_launch``) agree with the reference for
+def test_direct_launches_follow_alignment_dtype_and_layout(gen, monkeypatch):
+    """Steps launched again directly (the kept kernel of ``fast_launch``, the step's kept launch
+    arguments of ``launch.StepLaunches`` through Triton's launcher) agree with the reference for
     every change Triton specializes on: 16-byte aligned and unaligned inputs, another slot dtype,
-    another input layout, one after another and back, each through the same kernel object."""
+    another input layout, each twice (a full launch, then a direct one), one after another and
+    back, through the same kernel object."""
     from ssu_backend_triton import fast_launch
 
+    direct_calls = []
+    find_direct = fast_launch.direct
+
+    def counting_direct(compiled):
+        found = find_direct(compiled)
+        if found is None:
+            return None
+        c_launch, fixed = found
+
+        def counted(*args):
+            direct_calls.append(args[0:3])
+            return c_launch(*args)
+
+        return counted, fixed
+
+    monkeypatch.setattr(fast_launch, "direct", counting_direct)
     p = cuda_problem(max_batch=8, num_slots=32, input_dtype="fp32")
     kernel = ssu.open(ssu.Config(backend="triton"), p)
     reference = ssu.open(ssu.Config(backend="reference"), p)
@@ -353,12 +371,16 @@ def test_direct_launches_follow_alignment_dtype_and_layout(gen):
         {"x": unaligned.copy_(inputs["x"])},
         {"slots": slots.long()},
         {"x": inputs["x"].transpose(0, 1).contiguous().transpose(0, 1)},
+        {"z": None, "D": None},
         {},
     ]
     for change in variants:
-        call = dict(inputs, **change)
-        out = kernel.step(state, **call)
-        expected = reference.step(ref_state, **call)
-        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(kernel.read_state(state, slots), reference.read_state(ref_state, slots))
+        for _ in range(2):
+            call = dict(inputs, **change)
+            call["x"].mul_(1.01)  # new values every call
+            out = kernel.step(state, **call)
+            expected = reference.step(ref_state, **call)
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(kernel.read_state(state, slots), reference.read_state(ref_state, slots))
     assert len(fast_launch._kept) >= 1
+    assert len(direct_calls) == 6  # each variant's second call but the unaligned one's, and the last's first

@@ -101,9 +101,14 @@ def cmd_compare(args) -> int:
             per_layer = f"{spent * 1e3 / layers:.1f}"
         print(f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s} {per_layer:>13s}")
     if result.null_ssu is not None:
+        calls = hf_models.call_us(model, ids, config)
         kernel = hf_models.kernel_us(model, ids, config)
-        if kernel is not None:
-            print(f"ssu's kernel alone: {kernel:.1f} us a layer on the device (CUDA-graph replays of its step)")
+        above = calls["ssu"] - calls["null"]
+        print(
+            f"one layer's SSU call, host time: {calls['ssu']:.1f} us through ssu, {calls['null']:.1f} us for the "
+            f"zeros, {above:.1f} us above them"
+            + ("" if kernel is None else f"; ssu's kernel alone: {kernel:.1f} us on the device (CUDA-graph replays)")
+        )
     total = result.reference.logits.shape[0] * result.reference.logits.shape[1]
     equal = round(result.agreement * total)
     first = result.first_divergence()
@@ -119,8 +124,10 @@ def cmd_compare(args) -> int:
         )
         print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
     print(
-        "(ms/token: the median decode step after the first token; SSU share: against a run whose SSU returns "
-        "zeros; SSU us/layer: that difference over the model's Mamba2 layers)"
+        "(ms/token: the median decode step after the first token, over 3 turns of each path; SSU share: "
+        "against a run whose SSU returns "
+        "zeros; SSU us/layer: that difference over the model's Mamba2 layers, which moves with the host between "
+        "runs; the SSU call's host time: the mixer's call made 200 times in a row, median of 7 runs)"
     )
     return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG
 

@@ -279,25 +279,41 @@ class Comparison:
 
 
 def compare(
-    model, input_ids, new_tokens: int, *, config=None, attention_mask=None, null: bool = False, warm: bool = True
+    model,
+    input_ids,
+    new_tokens: int,
+    *,
+    config=None,
+    attention_mask=None,
+    null: bool = False,
+    warm: bool = True,
+    rounds: int = 3,
 ) -> Comparison:
     """Greedy generation with transformers' own path, then through ssu (``patch(model, config)``),
     each warmed up first; with ``null`` also with the SSU replaced by one that returns zeros, so
-    that the SSU's share of a token's time is the difference."""
+    that the SSU's share of a token's time is the difference. The paths take turns ``rounds``
+    times and each keeps the step times of all its rounds (the tokens and logits of its first),
+    so that a drift of the host moves them alike."""
     from . import transformers as integration
 
-    if warm:
-        generate(model, input_ids, 2, attention_mask=attention_mask)
-    reference = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
-    with integration.patch(model, config):
-        if warm:
+    def run_all(first: bool):
+        if first and warm:
             generate(model, input_ids, 2, attention_mask=attention_mask)
-        through = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
-    null_run = None
-    if null:
-        with null_ssu(model):
-            null_run = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
-    return Comparison(reference, through, null_run)
+        runs = [generate(model, input_ids, new_tokens, attention_mask=attention_mask)]
+        with integration.patch(model, config):
+            if first and warm:
+                generate(model, input_ids, 2, attention_mask=attention_mask)
+            runs.append(generate(model, input_ids, new_tokens, attention_mask=attention_mask))
+        if null:
+            with null_ssu(model):
+                runs.append(generate(model, input_ids, new_tokens, attention_mask=attention_mask))
+        return runs
+
+    kept = run_all(True)
+    for _ in range(rounds - 1):
+        for run, more in zip(kept, run_all(False)):
+            run.step_seconds.extend(more.step_seconds)
+    return Comparison(kept[0], kept[1], kept[2] if null else None)
 
 
 class null_ssu:
@@ -386,6 +402,36 @@ def kernel_us(model, input_ids, config) -> Optional[float]:
             return graph_time_us(
                 [lambda: raw(adopted, x, dt, A, B, C, slots, D, z, dt_bias, True, out, 0, None)], min_launches=20
             )
+
+
+def call_us(model, input_ids, config, *, count: int = 200) -> dict:
+    """Host microseconds per call of one layer's decode SSU as the mixer calls it (its modeling
+    module's function, on the first decode call's arguments): ``"ssu"`` patched with ``config``,
+    ``"null"`` the zeros the SSU share is measured against (:func:`null_ssu`); the calls made one
+    after another, each run synchronised (:func:`ssu.timing.host_times_us`). Steps the layer's
+    cached state on; call it after the generations it is compared with."""
+    import sys
+
+    import torch
+
+    from ..timing import host_times_us
+    from . import transformers as integration
+
+    with integration.patch(model, config) as patch:
+        args, kwargs = first_decode_call(model, input_ids)
+        module = type(integration.find_mixers(model)[0][1]).__module__
+        function = getattr(sys.modules[module], integration.FUNCTION)
+        x = args[1]
+        token = integration._running.set(patch.config)  # as inside a patched mixer's forward
+        try:
+            with torch.no_grad():
+                return host_times_us(
+                    {"ssu": lambda: function(*args, **kwargs), "null": lambda: x.new_zeros(x.shape)},
+                    count=count,
+                    cuda=x.device.type == "cuda",
+                )
+        finally:
+            integration._running.reset(token)
 
 
 def prompt_ids(model, batch: int = 1, length: int = 8, seed: int = 0):

@@ -1,0 +1,216 @@
+"""The triton step's direct launches (``launch.StepLaunches``): a call whose layout was launched
+before passes exactly the arguments a full launch would (its own tensors' addresses, the kept
+tail), straight to the launcher; a call with another layout, or an unaligned pointer, is launched
+in full; and :func:`fast_launch.direct` declines a Triton launcher it does not know.
+
+Triton's compiled launcher needs a GPU, so the launcher and the compiled kernel are stand-ins that
+record what they receive; the GPU tests launch the real one."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from ssu_backend_triton import fast_launch, launch
+from ssu_backend_triton.launch import POINTERS, StepConstants, StepLaunches, arguments
+from ssu_backend_triton.tuning import Schedule
+
+STREAM = 0x5EED
+FIXED = ("function", False, True, None, None, "metadata", None, None, None)
+CONSTS = StepConstants(-1, 6, 2, False, False, 1, False, 10)
+SCHEDULE = Schedule(8, 4, 1, 0, 0, 0, 0)
+
+
+class Recorder:
+    """Stands in for ``kernel_call`` (full launches) and for the C launcher (direct ones)."""
+
+    def __init__(self, direct_ok: bool = True) -> None:
+        self.full: list = []
+        self.direct: list = []
+        self.direct_ok = direct_ok
+
+    def kernel_call(self, jit, grid, compile_only=False):
+        def run(*args, **kwargs):
+            self.full.append((grid, args, kwargs))
+            return types.SimpleNamespace()
+
+        return run
+
+    def c_launch(self, *args):
+        self.direct.append(args)
+
+    def find_direct(self, compiled):
+        return (self.c_launch, FIXED) if self.direct_ok else None
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(launch, "kernel_call", rec.kernel_call)
+    monkeypatch.setattr(fast_launch, "direct", rec.find_direct)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_raw_stream", lambda device: STREAM)
+    return rec
+
+
+def make_call(gen, *, b=3, dtype=torch.bfloat16, z=True, strided_x=False, dst=False):
+    """A one-token call's tensors on a (6, 1, 4, 16, 32) state, every one with fresh values."""
+    H, P, N, G = 4, 16, 32, 2
+    state = torch.randn(6, 1, H, P, N, generator=gen)
+    x = torch.randn(b, H, 2 * P if strided_x else P, generator=gen).to(dtype)
+    if strided_x:
+        x = x[..., :P]
+    return dict(
+        read=state,
+        write=state,
+        cursor=None,
+        x=x,
+        dt=torch.randn(b, H, generator=gen).to(dtype),
+        A=-torch.rand(H, generator=gen),
+        B=torch.randn(b, G, N, generator=gen).to(dtype),
+        C=torch.randn(b, G, N, generator=gen).to(dtype),
+        slots=torch.randperm(6, generator=gen)[:b].to(torch.int32),
+        D=torch.randn(H, generator=gen),
+        z=torch.randn(b, H, P, generator=gen).to(dtype) if z else None,
+        dt_bias=torch.randn(H, generator=gen),
+        dt_softplus=True,
+        out=torch.empty(b, H, P, dtype=dtype),
+        dst_slots=torch.randperm(6, generator=gen)[:b].to(torch.int32) if dst else None,
+        consts=CONSTS,
+        schedule=SCHEDULE,
+    )
+
+
+def full_arguments(call, seed, faults):
+    """What a full launch of ``call`` passes, in the kernel's parameter order."""
+    grid, args, kwargs = arguments(**{k: v for k, v in call.items()}, seed=seed, faults=faults)
+    names = launch.ssu_kernel.arg_names
+    return grid, (*args, *[kwargs[n] for n in names[len(args) :]])
+
+
+def test_a_layout_seen_before_launches_directly_with_the_same_arguments(recorder):
+    gen = torch.Generator().manual_seed(1)
+    faults = torch.zeros(1, dtype=torch.int64)
+    launches = StepLaunches(None, faults)
+    first = make_call(gen)
+    launches(**first)
+    assert len(recorder.full) == 1 and not recorder.direct
+    for _ in range(3):
+        call = make_call(gen)  # new tensors, same layout
+        launches(**call)
+        grid, expected = full_arguments(call, None, faults)
+        got = recorder.direct[-1]
+        assert got[:4] == (*grid, STREAM)
+        assert got[4:13] == FIXED
+        kernel_args = got[13:]
+        assert len(kernel_args) == len(expected)
+        assert kernel_args[:POINTERS] == tuple(t.data_ptr() for t in expected[:POINTERS])
+        assert kernel_args[POINTERS:] == expected[POINTERS:]
+    assert len(recorder.full) == 1 and len(recorder.direct) == 3
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(dtype=torch.float16),
+        dict(b=2),
+        dict(z=False),
+        dict(strided_x=True),
+        dict(dst=True),
+        dict(schedule=Schedule(16, 4, 1, 0, 0, 1, 0)),
+        dict(consts=CONSTS._replace(num_slots=7)),
+        dict(dt_softplus=False),
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_another_layout_is_launched_in_full(recorder, change):
+    gen = torch.Generator().manual_seed(2)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    launches(**make_call(gen))
+    layout_args = {k: v for k, v in change.items() if k in ("dtype", "b", "z", "strided_x", "dst")}
+    call = make_call(gen, **layout_args)
+    call.update({k: v for k, v in change.items() if k not in layout_args})
+    launches(**call)
+    assert len(recorder.full) == 2 and not recorder.direct
+    launches(**call)  # and is kept in its turn
+    assert len(recorder.direct) == 1
+
+
+def test_an_unaligned_pointer_is_launched_in_full(recorder):
+    gen = torch.Generator().manual_seed(3)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    launches(**make_call(gen))
+    call = make_call(gen)
+    shifted = torch.empty(call["out"].numel() + 1, dtype=call["out"].dtype)[1:].view(call["out"].shape)
+    call["out"] = shifted  # same shape, strides and dtype, 2 bytes past an aligned address
+    launches(**call)
+    assert len(recorder.full) == 2 and not recorder.direct
+
+
+def test_nothing_is_kept_where_direct_declines(recorder):
+    recorder.direct_ok = False
+    gen = torch.Generator().manual_seed(4)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    for _ in range(3):
+        launches(**make_call(gen))
+    assert len(recorder.full) == 3 and not recorder.direct and not launches.direct
+
+
+def test_the_seed_and_fault_record_are_the_kernels_own(recorder):
+    gen = torch.Generator().manual_seed(5)
+    seed, faults = torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    launches = StepLaunches(seed, faults)
+    launches(**make_call(gen))
+    launches(**make_call(gen))
+    pointers = recorder.direct[-1][13 : 13 + POINTERS]
+    assert pointers[14] == seed.data_ptr() and pointers[15] == faults.data_ptr()
+
+
+def c_launch(*args):
+    return None
+
+
+def fake_compiled(**runner):
+    """A compiled kernel whose launcher is Triton 3.6's CudaLauncher in shape."""
+    fields = dict(
+        launch=c_launch, launch_cooperative_grid=False, launch_pdl=True, global_scratch_size=0, profile_scratch_size=0
+    )
+    return types.SimpleNamespace(
+        run=types.SimpleNamespace(**{**fields, **runner}), function=7, packed_metadata=(4, 1, 0)
+    )
+
+
+def test_direct_takes_a_known_launcher(monkeypatch):
+    monkeypatch.setattr(fast_launch, "_launcher_format", lambda: fast_launch.LAUNCHER_FORMAT)
+    found, fixed = fast_launch.direct(fake_compiled())
+    assert found is c_launch
+    assert fixed == (7, False, True, None, None, (4, 1, 0), None, None, None)
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["another launcher format", "global scratch", "profile scratch", "launch hook", "no launcher"],
+)
+def test_direct_declines(monkeypatch, why):
+    import triton
+
+    monkeypatch.setattr(fast_launch, "_launcher_format", lambda: fast_launch.LAUNCHER_FORMAT)
+    compiled = fake_compiled()
+    if why == "another launcher format":
+        monkeypatch.setattr(fast_launch, "_launcher_format", lambda: "iiiKKOOOO")
+    elif why == "global scratch":
+        compiled = fake_compiled(global_scratch_size=128)
+    elif why == "profile scratch":
+        compiled = fake_compiled(profile_scratch_size=64)
+    elif why == "launch hook":
+        hook = triton.knobs.runtime.launch_enter_hook
+        if hasattr(hook, "add"):  # a chain of hooks
+            hook.add(print)
+            monkeypatch.setattr(hook, "calls", [print])
+        else:
+            monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", print)
+    else:
+        compiled = types.SimpleNamespace(run=object(), function=7, packed_metadata=())
+    assert fast_launch.direct(compiled) is None
