@@ -148,7 +148,44 @@ def main() -> None:
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
     print(text.getvalue())
+    if args.device.startswith("cuda"):
+        print_synchronising_calls(model, ids)
     patch.undo()
+
+
+def print_synchronising_calls(model, ids) -> None:
+    """Every call on ssu's side of a patched generate that makes the host wait for the device
+    (torch's sync debug mode, warnings kept by the innermost frames of ssu's code): a wait inside
+    a layer's SSU turns the queued work of the layers before it into host time of the decode."""
+    import collections
+    import traceback
+    import warnings
+
+    stacks: collections.Counter = collections.Counter()
+    everywhere = [0]
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        everywhere[0] += 1
+        frames = [f for f in traceback.extract_stack()[:-1] if "ssu" in f.filename and __file__ not in f.filename]
+        if frames:
+            stacks[" <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[::-1][:4])] += 1
+
+    hf_models.generate(model, ids, 2)
+    shown = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = keep
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            hf_models.generate(model, ids, 4)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = shown
+    print(f"\nsynchronising calls in a patched generate of 4 tokens: {everywhere[0]} in all, from ssu's code:")
+    for stack, count in stacks.most_common(10):
+        print(f"{count:5d}  {stack}")
+    if not stacks:
+        print("    none")
 
 
 if __name__ == "__main__":

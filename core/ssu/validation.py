@@ -82,8 +82,11 @@ class Signatures:
     def seen(self, *tensors) -> bool:
         """Whether the call's tensors (placeholders for absent ones) match a remembered signature."""
         if self._guard_class is not None:
-            for guard in self._entries:
+            entries = self._entries
+            for i, guard in enumerate(entries):
                 if guard.check(*tensors):
+                    if i:  # the last signature matched is compared first next time
+                        entries.insert(0, entries.pop(i))
                     return True
             return False
         try:

@@ -226,14 +226,19 @@ class StepLaunches:
     def __init__(self, seed, faults) -> None:
         self.seed = seed
         self.faults = faults
+        # the kernel's own tensors, allocated once: their addresses do not change
+        self.seed_ptr = None if seed is None else seed.data_ptr()
+        self.faults_ptr = faults.data_ptr()
         self.direct = {}  # layout -> (C launch, fixed launcher arguments, grid x, y, z, kernel args after the pointers)
 
-    @staticmethod
-    def layout(
-        read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
+    def __call__(
+        self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
     ):
-        """What fixes every launch argument but the pointers (see the class docstring)."""
-        return (
+        """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
+        ``faults``, which are this kernel's)."""
+        device = _current_device() if _current_device is not None else None
+        key = (
+            device,
             x.shape,
             x.stride(),
             x.dtype,
@@ -261,47 +266,30 @@ class StepLaunches:
             consts,
             schedule,
         )
-
-    def __call__(
-        self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
-    ):
-        """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
-        ``faults``, which are this kernel's)."""
-        device = _current_device() if _current_device is not None else None
-        key = (
-            device,
-            self.layout(
-                read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
-            ),
-        )
         kept = self.direct.get(key)
         if kept is not None:
-            seed = self.seed
-            pointers = (
+            p_read, p_write, p_x, p_dt, p_A = (
                 read.data_ptr(),
                 write.data_ptr(),
-                (slots if cursor is None else cursor).data_ptr(),
                 x.data_ptr(),
                 dt.data_ptr(),
                 A.data_ptr(),
-                B.data_ptr(),
-                C.data_ptr(),
-                slots.data_ptr(),
-                (slots if dst_slots is None else dst_slots).data_ptr(),
-                (A if D is None else D).data_ptr(),
-                (x if z is None else z).data_ptr(),
-                (A if dt_bias is None else dt_bias).data_ptr(),
-                out.data_ptr(),
-                (slots if seed is None else seed).data_ptr(),
-                self.faults.data_ptr(),
             )
-            aligned = 0
-            for address in pointers:
-                aligned |= address
-            if not aligned & 15:
+            p_B, p_C, p_slots, p_out = B.data_ptr(), C.data_ptr(), slots.data_ptr(), out.data_ptr()
+            p_cursor = p_slots if cursor is None else cursor.data_ptr()
+            p_dst = p_slots if dst_slots is None else dst_slots.data_ptr()
+            p_D = p_A if D is None else D.data_ptr()
+            p_z = p_x if z is None else z.data_ptr()
+            p_dt_bias = p_A if dt_bias is None else dt_bias.data_ptr()
+            p_seed = p_slots if self.seed is None else self.seed_ptr
+            # fmt: off
+            if not (p_read | p_write | p_cursor | p_x | p_dt | p_A | p_B | p_C | p_slots | p_dst | p_D | p_z
+                    | p_dt_bias | p_out | p_seed) & 15:
                 c_launch, fixed, gx, gy, gz, tail = kept
-                c_launch(gx, gy, gz, _raw_stream(device), *fixed, *pointers, *tail)
+                c_launch(gx, gy, gz, _raw_stream(device), *fixed, p_read, p_write, p_cursor, p_x, p_dt, p_A, p_B, p_C,
+                         p_slots, p_dst, p_D, p_z, p_dt_bias, p_out, p_seed, self.faults_ptr, *tail)
                 return
+            # fmt: on
         grid, args, kwargs = arguments(
             read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, self.seed, dst_slots,
             self.faults, consts, schedule,
