@@ -7,6 +7,8 @@ another as a decode step makes them (host time per call, the device synchronised
 each run, median of runs):
 
 - ``zeros``: the null SSU ``ssu compare`` measures the share against (``x.new_zeros``);
+- ``launcher``: Triton's C launcher alone, with the arguments the triton step passes it (when the
+  step launches directly);
 - ``raw``: the backend's step callable (``kernel.raw_step``);
 - ``kernel.step``: with the kernel's validation (once per input signature);
 - ``drop-in``: ``ssu.selective_state_update`` on the model's cache tensor;
@@ -112,6 +114,9 @@ def main() -> None:
         "drop-in": lambda: ssu.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, True, config=patch.config),
         "patched": lambda: module_function(*call_args, **call_kwargs),
     }
+    launcher = kept_launch(kernel, levels["raw"])
+    if launcher is not None:
+        levels = {"zeros": levels["zeros"], "launcher": launcher, **{k: v for k, v in levels.items() if k != "zeros"}}
     print(
         f"hf_ssu_overhead: {args.arch} {args.preset} ({kernel.problem.describe()}), {args.dtype} model, "
         f"batch {args.batch}, backend {kernel.backend}"
@@ -120,11 +125,12 @@ def main() -> None:
     )
     print(f"{'level':14s} {'host us/call':>13s} {'added us':>9s}")
     previous = None
+    first_of_the_path = "launcher" if launcher is not None else "raw"  # the levels after it add to it
     for name, fn in levels.items():
         for _ in range(10):
             fn()
         us = host_us(fn, args.calls, args.device)
-        added = "" if previous is None or name == "raw" else f"{us - previous:9.1f}"
+        added = "" if name in ("zeros", first_of_the_path) else f"{us - previous:9.1f}"
         print(f"{name:14s} {us:13.1f} {added:>9s}")
         previous = us
     if args.device.startswith("cuda"):
@@ -151,6 +157,30 @@ def main() -> None:
     if args.device.startswith("cuda"):
         print_synchronising_calls(model, ids)
     patch.undo()
+
+
+def kept_launch(kernel, raw):
+    """Triton's C launcher called alone with the arguments the triton step passed it at ``raw()``
+    (the floor of an eager launch from Python), or None for a step that launches otherwise."""
+    launches = getattr(kernel.raw_step, "launches", None)
+    if launches is None:
+        return None
+    raw()
+    captured = []
+    saved = dict(launches.direct)
+    for key, (c_launch, *rest) in saved.items():
+
+        def capture(*a, c_launch=c_launch):
+            captured.append((c_launch, a))
+            return c_launch(*a)
+
+        launches.direct[key] = (capture, *rest)
+    raw()
+    launches.direct.update(saved)
+    if not captured:
+        return None
+    c_launch, arguments = captured[-1]
+    return lambda: c_launch(*arguments)
 
 
 def print_synchronising_calls(model, ids) -> None:

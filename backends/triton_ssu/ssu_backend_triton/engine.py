@@ -171,6 +171,7 @@ class Launcher:
                 seed.add_(1)
             return out
 
+        step.launches = launches  # what it launches directly (benchmarks inspect it)
         return step
 
     # warmup helpers ------------------------------------------------------------------------------
