@@ -83,13 +83,14 @@ def main() -> None:
     parser.add_argument(
         "--triton-dispatch",
         action="store_true",
-        help="launch the triton kernels through jit[grid] every call (what the direct launch saves)",
+        help="launch the triton kernels through jit[grid] every call (what kept kernels and direct launches save)",
     )
     args = parser.parse_args()
     if args.triton_dispatch:
         from ssu_backend_triton import fast_launch
 
         fast_launch.launch = lambda jit, grid, *a, **k: jit[grid](*a, **k)
+        fast_launch.direct = lambda compiled: None  # no step launched through Triton's launcher itself
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model = hf_models.random_model(args.arch, args.preset, args.layers, dtype=dtype, device=args.device)
     ids = hf_models.prompt_ids(model, batch=args.batch)
