@@ -13,6 +13,11 @@ import triton
 import triton.language as tl
 
 
+def _next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` without its constexpr-function wrapper (microseconds a call)."""
+    return 1 << (n - 1).bit_length()
+
+
 @functools.lru_cache(maxsize=None)
 def pdl_capable(device) -> bool:
     """Programmatic dependent launch needs a CUDA GPU of compute capability 9.0 or newer (and
@@ -76,9 +81,9 @@ def commit(cursor, slots, num_accepted, faults, *, pad_slot_id: int, num_slots: 
     or newer), so that in a graph the commit and the next step do not each wait for a launch.
     Returns Triton's handle of the compiled kernel."""
     b = slots.shape[0]
-    block = min(1024, triton.next_power_of_2(b))
+    block = min(1024, _next_power_of_2(b))
     pdl = bool(pdl) and pdl_capable(cursor.device)
-    return commit_kernel[(triton.cdiv(b, block),)](
+    return commit_kernel[(-(-b // block),)](
         cursor, slots, num_accepted, faults, b, pad_slot_id, num_slots, K=versions, BLOCK=block, PDL=pdl, launch_pdl=pdl
     )
 
@@ -131,8 +136,8 @@ def copy_drafts(cache, draft, slots, num_accepted, faults, *, pad_slot_id: int, 
     engine's tensor (a launch per layer; graph capturable)."""
     b = slots.shape[0]
     numel = cache[0].numel()
-    block = min(4096, triton.next_power_of_2(numel))
-    grid = (b, triton.cdiv(numel, block))
+    block = min(4096, _next_power_of_2(numel))
+    grid = (b, -(-numel // block))
     return copy_drafts_kernel[grid](
         cache,
         draft,
