@@ -83,7 +83,7 @@ def test_run_config_errors_exit_2(capsys):
     assert main(["run", "--backend", "tritn", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "did you mean 'triton'" in err and "Traceback" not in err
-    assert main(["run", "--state-dtype", "int8", *SMALL]) == 2
+    assert main(["run", "--state-dtype", "int4", *SMALL]) == 2
     assert "not a dtype" in capsys.readouterr().err
 
 

@@ -46,7 +46,7 @@ def one_error_line(result, code: int = 2) -> str:
         (["run", "--nheads", "1000000"], r"this run needs about [\d.]+ GiB .* but cpu has [\d.]+ GiB available"),
         (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
         (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
-        (["run", "--state-dtype", "int8"], r"--state-dtype: 'int8' is not a dtype ssu knows"),
+        (["run", "--state-dtype", "int4"], r"--state-dtype: 'int4' is not a dtype ssu knows"),
         (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
         (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
         (["backends", "--device", "foo"], r"--device 'foo' is not a device"),

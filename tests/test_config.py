@@ -100,7 +100,7 @@ def test_bad_environment_value():
     [
         (dict(nheads=6, ngroups=4), "not a multiple of ngroups"),
         (dict(nheads=0), "positive integer"),
-        (dict(state_dtype="int8"), "not a dtype ssu knows"),
+        (dict(state_dtype="int4"), "not a dtype ssu knows"),
         (dict(state_dtype="fp64"), "not a state cache dtype"),
         (dict(tokens_per_step=4), "needs speculative=True"),
         (dict(pad_slot_id=0), "reserves the only slot"),

@@ -152,6 +152,14 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
             )
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
         raise InputError(f"pad_slot_id: expected an integer, got {pad_slot_id!r}")
+    from .dtypes import QUANTIZED_STATE_DTYPES
+
+    quantized = {torch.int8: "int8", torch.float8_e4m3fn: "fp8_e4m3"}.get(state.dtype)
+    if quantized in QUANTIZED_STATE_DTYPES:
+        raise InputError(
+            f"state: an {quantized} cache keeps a row scale per (slot, head, row) beside it, which this call "
+            "does not take; open a kernel with ssu.open and adopt both with kernel.adopt_state(cache, scales=...)"
+        )
     S, H, P, N = state.shape
     b = x.shape[0]
     used = _config(config)

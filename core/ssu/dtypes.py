@@ -24,21 +24,33 @@ _ALIASES = {
     "float64": "fp64",
     "double": "fp64",
     "torch.float64": "fp64",
+    "int8": "int8",
+    "torch.int8": "int8",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e4m3fn": "fp8_e4m3",
     "int32": "int32",
     "torch.int32": "int32",
     "int64": "int64",
     "torch.int64": "int64",
 }
 
+#: floating-point state cache dtypes: what a backend serves unless its capabilities say otherwise
+FLOAT_STATE_DTYPES = ("fp32", "bf16", "fp16")
+#: 8-bit state cache dtypes, kept with one fp32 scale per (slot, head, row) (:mod:`ssu.quant`)
+QUANTIZED_STATE_DTYPES = ("int8", "fp8_e4m3")
 #: dtypes a state cache may have
-STATE_DTYPES = ("fp32", "bf16", "fp16")
+STATE_DTYPES = FLOAT_STATE_DTYPES + QUANTIZED_STATE_DTYPES
+#: the magnitude a row's scale maps the row's largest value to, per quantised dtype
+QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 #: dtypes the inputs x, B, C, z may have
 INPUT_DTYPES = ("bf16", "fp16", "fp32")
 #: dtypes of the slot index tensor
 INDEX_DTYPES = ("int32", "int64")
 
 #: bytes per element of each canonical name
-ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8, "int32": 4, "int64": 8}
+ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8, "int8": 1, "fp8_e4m3": 1, "int32": 4, "int64": 8}
 
 
 def dtype_name(value: Any, *, what: str = "dtype") -> str:
@@ -63,6 +75,8 @@ def to_torch(name: str):
         "bf16": torch.bfloat16,
         "fp16": torch.float16,
         "fp64": torch.float64,
+        "int8": torch.int8,
+        "fp8_e4m3": torch.float8_e4m3fn,
         "int32": torch.int32,
         "int64": torch.int64,
     }[dtype_name(name)]

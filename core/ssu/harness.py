@@ -93,20 +93,47 @@ def slot_rows(buffers: dict, num_slots: int) -> dict:
 
 def engine_cache(problem, layers: int, gen, slot_stride: int = 2):
     """An engine's cache as a serving engine holds it: per layer a (num_slots, H, P, N) view into
-    pages of ``slot_stride`` slot blocks (the rest of each page the engine's own data), random.
+    pages of ``slot_stride`` slot blocks (the rest of each page the engine's own data), random
+    (for a quantised state, random 8-bit rows: :func:`engine_scales` gives their scales).
     Returns (the per-layer views, the pages)."""
     import torch
 
     from .dtypes import to_torch
+    from .quant import quantize
 
     p = problem
+    pages = []
+    for _ in range(layers):
+        values = torch.randn(p.num_slots, slot_stride, p.nheads, p.headdim, p.dstate, generator=gen)
+        values = quantize(values, p.state_dtype)[0] if p.quantized else values.to(to_torch(p.state_dtype))
+        pages.append(values.to(p.device))
+    return [page[:, 0] for page in pages], pages
+
+
+def engine_scales(problem, layers: int, gen, slot_stride: int = 2):
+    """The fp32 row scales an engine keeps beside a quantised cache (:func:`engine_cache`), laid
+    out the same way: per layer a (num_slots, H, P) view into pages, random and positive. Returns
+    (the per-layer views, the pages), both empty for a floating-point state."""
+    import torch
+
+    p = problem
+    if not p.quantized:
+        return [], []
     pages = [
-        torch.randn(p.num_slots, slot_stride, p.nheads, p.headdim, p.dstate, generator=gen).to(
-            dtype=to_torch(p.state_dtype), device=p.device
-        )
+        (torch.rand(p.num_slots, slot_stride, p.nheads, p.headdim, generator=gen) * 0.02 + 0.005).to(p.device)
         for _ in range(layers)
     ]
     return [page[:, 0] for page in pages], pages
+
+
+def cache_rows(problem, cache, scales, rows):
+    """The fp32 states of ``rows`` of one layer of an engine's cache (dequantised with that
+    layer's ``scales`` for a quantised state)."""
+    from .quant import dequantize
+
+    if problem.quantized:
+        return dequantize(cache[rows], scales[rows])
+    return cache[rows].float()
 
 
 def batch_slots(problem, b: int, pad: int, gen, index_dtype, destinations: bool):
@@ -161,13 +188,14 @@ def compare_with_reference(
     rk = open_backend("reference", attrs.evolve(problem, state_dtype="fp32"), registry)
     if adopt:
         caches, pages = engine_cache(problem, layers, gen)
+        scales, scale_pages = engine_scales(problem, layers, gen)
         pointers = [c.data_ptr() for c in caches]
-        ts, rs = seeded_states(
-            (tk, rk), problem, gen, layers, states=(tk.adopt_state(caches), rk.allocate_state(layers))
-        )
-        pages_after_seed = [page[:, 1:].clone() for page in pages]
+        adopted = tk.adopt_state(caches, scales=scales or None)
+        ts, rs = seeded_states((tk, rk), problem, gen, layers, states=(adopted, rk.allocate_state(layers)))
+        pages_after_seed = [page[:, 1:].clone() for page in pages + scale_pages]
     else:
         ts, rs = seeded_states((tk, rk), problem, gen, layers)
+        scales = []
     b = batch or problem.max_batch
     named = torch.zeros(problem.num_slots, dtype=torch.bool, device=problem.device)
     if destinations:
@@ -182,7 +210,7 @@ def compare_with_reference(
     if problem.pad_in_cache:
         untouched[problem.pad_slot_id] = False  # a reserved null block: a backend may use it as a sink
     raw_before = {name: rows[untouched].clone() for name, rows in slot_rows(ts.buffers, problem.num_slots).items()}
-    cache_before = [c[untouched].clone() for c in ts.cache]
+    cache_before = [c[untouched].clone() for c in (*ts.cache, *scales)]
     T = tokens or problem.tokens_per_step
     out_tol, state_tol = oracle.tolerances(problem, T, tk.capabilities.state_precision)
     weights = [layer_weights(problem, gen, with_D=options, with_dt_bias=options) for _ in range(layers)]
@@ -214,28 +242,34 @@ def compare_with_reference(
             want = rk.read_state(rs, written, layer)
             expect_close(f"states of layer {layer}", tk.read_state(ts, written, layer), want, state_tol)
             if adopt and not tk.needs_sync:
-                expect_close(f"the engine's cache of layer {layer}", ts.cache[layer][written].float(), want, state_tol)
+                got = cache_rows(problem, ts.cache[layer], scales and scales[layer], written)
+                expect_close(f"the engine's cache of layer {layer}", got, want, state_tol)
     if adopt and tk.needs_sync and batches:  # the engine's tensors hold the states once synced
         tk.sync(ts)
         for layer in range(layers):
             want = rk.read_state(rs, written, layer)
-            expect_close(
-                f"the engine's cache of layer {layer} after sync", ts.cache[layer][written].float(), want, state_tol
-            )
+            got = cache_rows(problem, ts.cache[layer], scales and scales[layer], written)
+            expect_close(f"the engine's cache of layer {layer} after sync", got, want, state_tol)
     tk.check()
     rows_after = slot_rows(ts.buffers, problem.num_slots)
     for name, before in raw_before.items():
         if not torch.equal(rows_after[name][untouched], before):
             raise CheckFailure(f"buffer {name!r}: a slot outside the batch was touched")
-    for layer, (cache, before) in enumerate(zip(ts.cache, cache_before)):
+    for i, (cache, before) in enumerate(zip((*ts.cache, *scales), cache_before)):
+        what = "cache" if i < len(ts.cache) else "scales"
         if not torch.equal(cache[untouched], before):
-            raise CheckFailure(f"the engine's cache of layer {layer}: a slot outside the batch was touched")
+            raise CheckFailure(
+                f"the engine's {what} of layer {i % max(len(ts.cache), 1)}: a slot outside the batch was touched"
+            )
     if adopt:
         if [c.data_ptr() for c in ts.cache] != pointers or any(a is not b for a, b in zip(ts.cache, caches)):
             raise CheckFailure("the adopted state does not hold the engine's tensors any more")
-        for layer, (page, before) in enumerate(zip(pages, pages_after_seed)):
+        for i, (page, before) in enumerate(zip(pages + scale_pages, pages_after_seed)):
             if not torch.equal(page[:, 1:], before):
-                raise CheckFailure(f"the engine's page of layer {layer}: data beside its cache slots was written")
+                what = "page" if i < len(pages) else "scale page"
+                raise CheckFailure(
+                    f"the engine's {what} of layer {i % len(pages)}: data beside its cache slots was written"
+                )
     return tk, ts
 
 

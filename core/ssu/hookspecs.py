@@ -102,12 +102,15 @@ def ssu_allocate_state(ctx: "Context", num_layers: int) -> "State":
 
 
 @hookspec(firstresult=True)
-def ssu_adopt_state(ctx: "Context", cache: tuple["Tensor", ...]) -> "State":
+def ssu_adopt_state(ctx: "Context", cache: tuple["Tensor", ...], scales: tuple["Tensor", ...]) -> "State":
     """Adopt an engine's cache: ``cache`` holds each layer's tensor ``(num_slots, H, P, N)`` in
     the state dtype, already checked by the core (each slot's ``(H, P, N)`` block contiguous, any
     slot stride). Return an :class:`ssu.State` with ``cache`` set to those tensors: steps read and
     write them in place. Allocate only side buffers (speculative drafts, rings). Required when
-    the capabilities declare ``adopt_state``.
+    the capabilities declare ``adopt_state``. ``scales`` (plugin API 1.5) holds, for a quantised
+    state dtype, each layer's fp32 row scales ``(num_slots, H, P)``, checked by the core and
+    stepped in place with the cache; empty otherwise. An implementation that serves no quantised
+    dtype may leave the argument out.
 
     Example::
 

@@ -133,13 +133,15 @@ class Kernel:
             state = self._hook.ssu_allocate_state(ctx=self._ctx, num_layers=num_layers)
         return self._returned_state(state, num_layers, "ssu_allocate_state")
 
-    def adopt_state(self, cache) -> State:
+    def adopt_state(self, cache, scales=None) -> State:
         """A :class:`State` whose logical state is the engine's own tensor: ``cache`` is one
         ``(num_slots, H, P, N)`` tensor (one layer), an ``(L, num_slots, H, P, N)`` tensor, or a
         sequence of per-layer tensors, in the state dtype, each slot's ``(H, P, N)`` block
         contiguous, any slot stride. Steps read and write it in place (same storage, no copy);
         after ``step`` (and ``commit``) ``cache[slot]`` holds the state, or after :meth:`sync`
-        for a backend that keeps more than the logical state (see its docs)."""
+        for a backend that keeps more than the logical state (see its docs). A quantised state
+        dtype (``int8``, ``fp8_e4m3``) also takes ``scales``: each layer's fp32 row scales
+        ``(num_slots, H, P)``, in the same forms, stepped in place with the cache."""
         if not self.capabilities.adopt_state:
             raise BackendError(
                 f"backend {self.backend!r} cannot step an engine's cache in place (its capabilities "
@@ -148,8 +150,9 @@ class Kernel:
                 "(reference, triton, flashinfer)"
             )
         layers = self._checker.cache(cache)
+        scale_layers = self._checker.scales(scales, len(layers))
         with devices.guard(self._launch_index):
-            state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers)
+            state = self._hook.ssu_adopt_state(ctx=self._ctx, cache=layers, scales=scale_layers)
         state = self._returned_state(state, len(layers), "ssu_adopt_state")
         if tuple(state.cache) != tuple(layers) or any(a is not b for a, b in zip(state.cache, layers)):
             raise BackendError(

@@ -80,7 +80,16 @@ def step_math64(problem, start, inputs):
 
 
 #: unit roundoff of each dtype (half the distance between 1 and the next number)
-EPS = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11, "fp64": 2.0**-53}
+EPS = {
+    "fp32": 2.0**-24,
+    "bf16": 2.0**-8,
+    "fp16": 2.0**-11,
+    "fp64": 2.0**-53,
+    # quantised states (ssu.quant): half a step of a row's scale, relative to the row's largest
+    # value (int8), and e4m3's unit roundoff (fp8)
+    "int8": 0.5 / 127,
+    "fp8_e4m3": 2.0**-4,
+}
 
 
 def _budget(u: float, tokens: int) -> float:

@@ -106,11 +106,19 @@ class Problem:
         """Whether inputs carry a token axis: x is (b, T, H, P) rather than (b, H, P)."""
         return self.speculative
 
+    @property
+    def quantized(self) -> bool:
+        """Whether the state cache holds 8-bit values with one fp32 scale per (slot, head, row)."""
+        from .dtypes import QUANTIZED_STATE_DTYPES
+
+        return self.state_dtype in QUANTIZED_STATE_DTYPES
+
     def state_bytes_per_slot(self) -> int:
-        """Bytes of one slot's recurrent state in the cache dtype."""
+        """Bytes of one slot's recurrent state in the cache dtype (its scales included)."""
         from .dtypes import ITEMSIZE
 
-        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype]
+        scales = self.nheads * self.headdim * 4 if self.quantized else 0
+        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype] + scales
 
     def shard(self, tp: int, rank: int, *, device: Optional[str] = None) -> "Problem":
         """The problem one rank of a ``tp``-way tensor-parallel layer holds: H / tp heads and

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import attrs
 
-from .dtypes import INDEX_DTYPES, INPUT_DTYPES, STATE_DTYPES
+from .dtypes import FLOAT_STATE_DTYPES, INDEX_DTYPES, INPUT_DTYPES, STATE_DTYPES
 
 if TYPE_CHECKING:  # records name these types; importing them here would import torch
     import torch
@@ -28,8 +28,10 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: (``Capabilities.tied_inputs``); 1.3 added the layout and dtype limits a backend declares instead
 #: of failing inside its kernel (``Capabilities.contiguous_rows``, ``Capabilities.dt_bias_as_dt``)
 #: and the precision of its states (``Capabilities.state_precision``); 1.4 added the hook
-#: ``ssu_traffic`` (the bytes a step moves, for the traffic floor ``ssu bench`` reports).
-PLUGIN_API_VERSION = "1.4"
+#: ``ssu_traffic`` (the bytes a step moves, for the traffic floor ``ssu bench`` reports); 1.5
+#: added quantised state dtypes (``int8``, ``fp8_e4m3``: served only where ``state_dtypes``
+#: names them), their row scales (``State.scales``) and ``ssu_adopt_state``'s ``scales``.
+PLUGIN_API_VERSION = "1.5"
 
 
 def _frozen(values) -> frozenset:
@@ -80,7 +82,7 @@ class Capabilities:
     """
 
     devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
-    state_dtypes: frozenset = attrs.field(default=STATE_DTYPES, converter=_frozen)
+    state_dtypes: frozenset = attrs.field(default=FLOAT_STATE_DTYPES, converter=_frozen)
     input_dtypes: frozenset = attrs.field(default=INPUT_DTYPES, converter=_frozen)
     index_dtypes: frozenset = attrs.field(default=INDEX_DTYPES, converter=_frozen)
     max_tokens_per_step: int = 1
@@ -257,7 +259,8 @@ class State:
     engine's tensor of each layer, ``(num_slots, H, P, N)``: steps read and write it in place.
     The logical state is read and written only through the kernel's ``read_state`` /
     ``write_state``. ``backend`` and ``problem`` let the core refuse a state handed to the wrong
-    kernel. ``views`` (per-layer tensors the step indexes) and ``record`` (host-side facts the
+    kernel. ``views`` (per-layer tensors the step indexes), ``scales`` (for a quantised state, the
+    same per layer for its fp32 row scales: :mod:`ssu.quant`) and ``record`` (host-side facts the
     device buffers do not hold) are the backend's own; ``stepped`` and ``checked`` are the core's:
     the layers stepped since the last commit, and which kernels' checks the state passed, kept
     while validation is on.
@@ -269,6 +272,7 @@ class State:
     buffers: dict = attrs.field(repr=lambda b: "{" + ", ".join(b) + "}")
     cache: tuple = attrs.field(default=(), converter=tuple, repr=lambda c: f"<{len(c)} engine tensor(s)>")
     views: tuple = attrs.field(default=(), converter=tuple, repr=False)
+    scales: tuple = attrs.field(default=(), converter=tuple, repr=False)
     record: Any = attrs.field(default=None, repr=False)
     stepped: set = attrs.field(factory=set, repr=False)
     checked: set = attrs.field(factory=set, repr=False)

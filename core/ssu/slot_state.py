@@ -9,6 +9,8 @@ Allocated (:func:`allocate`), buffers of the :class:`~ssu.State`:
 ``cursor``  (num_slots + 1,) int32, speculative only: which version of each slot holds its logical
             state (shared by every layer of the group). The extra last entry absorbs pad rows, so
             commit needs no host-side filtering.
+``scale``   (L, num_slots + 1, K, H, P) fp32, quantised state dtypes only: each row's scale
+            (:mod:`ssu.quant`), versioned with the values.
 
 A speculative step reads version ``c = cursor[slot]`` once and writes token ``t``'s state to
 version ``(c + 1 + t) % K``; it never touches version ``c``, so the logical state does not change
@@ -22,7 +24,9 @@ P, N), any slot stride; steps read and write it in place. With speculation the s
 (one token) and every commit (speculative), so ``sync`` has nothing to do.
 
 ``State.views[layer]`` is a :class:`LayerViews`: the (slots, versions, H, P, N) tensors a step
-reads from and writes to, so that every backend indexes both layouts the same way. Everything
+reads from and writes to, so that every backend indexes both layouts the same way; for a quantised
+state ``State.scales[layer]`` is the same for the (slots, versions, H, P) row scales (an adopted
+cache's scales are the engine's own tensors, drafts get theirs beside them). Everything
 here is plain torch: device agnostic, and ``commit`` is CUDA-graph capturable (no host
 synchronisation).
 """
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import faults
+from . import faults, quant
 from .dtypes import to_torch
 from .records import State
 
@@ -72,32 +76,34 @@ def allocate(problem, num_layers: int, backend: str) -> State:
     if p.speculative:
         buffers["cursor"] = torch.zeros(p.num_slots + 1, dtype=torch.int32, device=p.device)
     views = [LayerViews(ssm[layer], ssm[layer]) for layer in range(num_layers)]
-    return State(backend, p, num_layers, buffers, views=views)
+    scales = []
+    if p.quantized:
+        scale = buffers["scale"] = torch.zeros(ssm.shape[:-1], dtype=torch.float32, device=p.device)
+        scales = [LayerViews(scale[layer], scale[layer]) for layer in range(num_layers)]
+    return State(backend, p, num_layers, buffers, views=views, scales=scales)
 
 
-def adopt(problem, cache: tuple, backend: str) -> State:
-    """The engine's per-layer tensors (checked by the core) as a state; speculative drafts beside."""
+def adopt(problem, cache: tuple, backend: str, scales: tuple = ()) -> State:
+    """The engine's per-layer tensors (checked by the core) as a state, a quantised cache's row
+    scales with them; speculative drafts (and their scales) beside."""
     import torch
 
     p = problem
     buffers = {}
     own = [t.unsqueeze(1) for t in cache]
+    own_scales = [t.unsqueeze(1) for t in scales]
+    scale_views = []
     if p.speculative:
-        draft = torch.zeros(
-            len(cache),
-            p.num_slots,
-            p.tokens_per_step,
-            p.nheads,
-            p.headdim,
-            p.dstate,
-            dtype=to_torch(p.state_dtype),
-            device=p.device,
-        )
-        buffers["draft"] = draft
+        shape = (len(cache), p.num_slots, p.tokens_per_step, p.nheads, p.headdim, p.dstate)
+        draft = buffers["draft"] = torch.zeros(shape, dtype=to_torch(p.state_dtype), device=p.device)
         views = [LayerViews(read, draft[layer]) for layer, read in enumerate(own)]
+        if p.quantized:
+            draft_scale = buffers["draft_scale"] = torch.zeros(shape[:-1], dtype=torch.float32, device=p.device)
+            scale_views = [LayerViews(read, draft_scale[layer]) for layer, read in enumerate(own_scales)]
     else:
         views = [LayerViews(read, read) for read in own]
-    return State(backend, p, len(cache), buffers, cache=cache, views=views)
+        scale_views = [LayerViews(read, read) for read in own_scales]
+    return State(backend, p, len(cache), buffers, cache=cache, views=views, scales=scale_views)
 
 
 def current_version(state: State, slots):
@@ -112,14 +118,26 @@ def current_version(state: State, slots):
 def read(state: State, slots, layer: int):
     """Logical states of ``slots`` (real slots only) as fp32 (len(slots), H, P, N)."""
     idx = slots.long()
-    return state.views[layer].read[idx, current_version(state, slots)].float()
+    version = current_version(state, slots)
+    values = state.views[layer].read[idx, version]
+    if state.problem.quantized:
+        return quant.dequantize(values, state.scales[layer].read[idx, version])
+    return values.float()
 
 
 def write(state: State, slots, values, layer: int) -> None:
-    """Install ``values`` as the logical states of ``slots`` (real, distinct), rounded to the cache."""
+    """Install ``values`` as the logical states of ``slots`` (real, distinct), rounded to the cache
+    (quantised, for an 8-bit cache)."""
     view = state.views[layer].read
     idx = slots.long()
-    view[idx, current_version(state, slots)] = values.to(device=view.device, dtype=view.dtype)
+    version = current_version(state, slots)
+    values = values.to(device=view.device)
+    if state.problem.quantized:
+        q, scale = quant.quantize(values, state.problem.state_dtype)
+        view[idx, version] = q
+        state.scales[layer].read[idx, version] = scale
+    else:
+        view[idx, version] = values.to(dtype=view.dtype)
 
 
 def real_rows(problem, slots):
@@ -148,7 +166,19 @@ def commit(state: State, slots, num_accepted, record=None) -> None:
         _move_cursors(state, slots, num_accepted, moved)
     else:
         for layer in range(state.num_layers):
-            copy_drafts(state.cache[layer], state.buffers["draft"][layer], slots, num_accepted, moved)
+            copy_drafts(_bits(state.cache[layer]), _bits(state.buffers["draft"][layer]), slots, num_accepted, moved)
+            if p.quantized:
+                copy_drafts(
+                    state.scales[layer].read[:, 0], state.buffers["draft_scale"][layer], slots, num_accepted, moved
+                )
+
+
+def _bits(t):
+    """An 8-bit float tensor as its bytes (torch copies and selects those on every device), any
+    other tensor as it is: a draft is copied bit for bit."""
+    import torch
+
+    return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
 def _move_cursors(state: State, slots, num_accepted, moved) -> None:
@@ -191,9 +221,9 @@ def ssu_allocate_state(ctx, num_layers):
 
 
 @hookimpl
-def ssu_adopt_state(ctx, cache):
-    """The engine's tensors in place, with speculative drafts beside them."""
-    return adopt(ctx.problem, cache, ctx.spec.name)
+def ssu_adopt_state(ctx, cache, scales):
+    """The engine's tensors (and a quantised cache's scales) in place, speculative drafts beside."""
+    return adopt(ctx.problem, cache, ctx.spec.name, scales)
 
 
 @hookimpl

@@ -479,3 +479,48 @@ class Checker:
                     "slots would overlap; give each slot its own block"
                 )
         return layers
+
+    def scales(self, scales, num_layers: int) -> tuple:
+        """The fp32 row scales of each layer of an adopted quantised cache, checked: shape
+        (num_slots, H, P), fp32, the kernel's device, a contiguous (H, P) block per slot, one per
+        layer of the cache (in the forms :meth:`cache` takes). Empty for a floating-point state,
+        which takes none."""
+        import torch
+
+        from .dtypes import QUANTIZED_STATE_DTYPES
+
+        p = self.problem
+        H, P = p.nheads, p.headdim
+        if not p.quantized:
+            if scales is None:
+                return ()
+            raise InputError(
+                f"scales: a {p.state_dtype} cache has no scales (only {', '.join(QUANTIZED_STATE_DTYPES)} "
+                "caches keep them); leave scales out"
+            )
+        if scales is None:
+            raise InputError(
+                f"scales: a {p.state_dtype} cache keeps one fp32 scale per (slot, head, row) beside its values; "
+                "pass them: kernel.adopt_state(cache, scales=...) with a (num_slots, H, P) fp32 tensor per layer"
+            )
+        if isinstance(scales, torch.Tensor) and scales.dim() == 4:
+            layers, names = tuple(scales.unbind(0)), [f"scales[{i}]" for i in range(scales.shape[0])]
+        elif isinstance(scales, torch.Tensor):
+            layers, names = (scales,), ["scales"]
+        elif isinstance(scales, (list, tuple)) and scales:
+            layers, names = tuple(scales), [f"scales[{i}]" for i in range(len(scales))]
+        else:
+            raise InputError(
+                "scales: expected a (num_slots, H, P) fp32 tensor, an (L, num_slots, H, P) tensor or a "
+                f"non-empty sequence of (num_slots, H, P) tensors, got {type(scales).__name__}"
+            )
+        if len(layers) != num_layers:
+            raise InputError(f"scales: {len(layers)} layer(s) of scales for {num_layers} layer(s) of cache")
+        for name, t in zip(names, layers):
+            self.tensor(name, t, (p.num_slots, H, P), ("fp32",), what=" (num_slots, heads, headdim), fp32")
+            if t.stride()[1:] != (P, 1) and t[:1].numel() > 1:
+                raise InputError(
+                    f"{name}: each slot's (heads, headdim) block of scales must be contiguous (strides "
+                    f"{(P, 1)} after the slot's), got strides {t.stride()}"
+                )
+        return layers

@@ -12,9 +12,19 @@ from typing import Callable, Optional
 
 import attrs
 
-from .. import oracle
+from .. import oracle, quant
 from ..errors import InputError
-from ..harness import CheckFailure, batch_slots, engine_cache, expect_close, logical_states, prepared, real_slots
+from ..harness import (
+    CheckFailure,
+    batch_slots,
+    cache_rows,
+    engine_cache,
+    engine_scales,
+    expect_close,
+    logical_states,
+    prepared,
+    real_slots,
+)
 from ..inputs import pick_slots, random_states, step_inputs
 from .cases import Case, _laid_out, step_call
 
@@ -159,15 +169,13 @@ def check_roundtrip(kernel, case: Case, gen) -> None:
     """write_state then read_state returns the values rounded to the cache dtype."""
     import torch
 
-    from ..dtypes import to_torch
-
     p = kernel.problem
     state = kernel.allocate_state(num_layers=1)
     slots = pick_slots(p, min(len(real_slots(p)), 4), gen, index_dtype=_slots(case, gen).dtype)
     values = random_states(p, len(slots), gen)
     kernel.write_state(state, slots, values, 0)
     got = kernel.read_state(state, slots, 0)
-    want = values.to(to_torch(p.state_dtype)).float()
+    want = quant.stored(values, p.state_dtype)
     if not torch.equal(got, want):
         raise CheckFailure(f"read_state after write_state differs by {(got - want).abs().max().item():.3e}")
 
@@ -373,8 +381,10 @@ def check_adopted(kernel, case: Case, gen) -> None:
     out_tol, state_tol = _budgets(kernel)
     layers = 2
     caches, pages = engine_cache(p, layers, gen)
+    scales, scale_pages = engine_scales(p, layers, gen)
     pages_before = [page.clone() for page in pages]
-    state = kernel.adopt_state(caches)
+    scale_pages_before = [page.clone() for page in scale_pages]
+    state = kernel.adopt_state(caches, scales=scales or None)
     pointers = [c.data_ptr() for c in caches]
     b, pad = case.batch, case.pad_rows
     slots = _slots(case, gen)
@@ -383,7 +393,7 @@ def check_adopted(kernel, case: Case, gen) -> None:
     for layer in range(layers):
         inputs, call = step_call(case, slots, gen)
         start = torch.zeros(b, p.nheads, p.headdim, p.dstate, device=p.device)
-        start[: b - pad] = caches[layer][real].float()
+        start[: b - pad] = cache_rows(p, caches[layer], scales and scales[layer], real)
         states, outs = oracle.step_math64(p, start, inputs)
         out = kernel.step(state, layer=layer, **call)
         expect_close(f"outputs of layer {layer}", oracle.with_token_axis(p, out), outs, out_tol)
@@ -391,7 +401,9 @@ def check_adopted(kernel, case: Case, gen) -> None:
     pick = torch.zeros(b - pad, dtype=torch.long, device=p.device)
     if p.speculative:
         for layer in range(layers):
-            if not torch.equal(caches[layer], pages_before[layer][:, 0]):
+            if not torch.equal(caches[layer], pages_before[layer][:, 0]) or (
+                scales and not torch.equal(scales[layer], scale_pages_before[layer][:, 0])
+            ):
                 raise CheckFailure(f"a speculative step changed the engine's cache of layer {layer} before commit")
         accepted = _accepted(case, gen)
         kernel.commit(state, slots, accepted)
@@ -405,12 +417,15 @@ def check_adopted(kernel, case: Case, gen) -> None:
     for layer in range(layers):
         if caches[layer].data_ptr() != pointers[layer] or state.cache[layer] is not caches[layer]:
             raise CheckFailure("the adopted state does not hold the engine's tensor any more")
-        got = caches[layer][real].float()
+        got = cache_rows(p, caches[layer], scales and scales[layer], real)
         expect_close(f"the engine's cache of layer {layer}", got, expected[layer][rows, pick], state_tol)
-        if not torch.equal(pages[layer][:, 1:], pages_before[layer][:, 1:]):
-            raise CheckFailure(f"data beside the cache slots in the engine's pages of layer {layer} was written")
-        if not torch.equal(caches[layer][others], pages_before[layer][others, 0]):
-            raise CheckFailure(f"slots of the engine's cache of layer {layer} outside the batch changed")
+        for name, now, before in (("cache", pages, pages_before), ("scales", scale_pages, scale_pages_before)):
+            if not now:
+                continue
+            if not torch.equal(now[layer][:, 1:], before[layer][:, 1:]):
+                raise CheckFailure(f"data beside the slots in the engine's {name} pages of layer {layer} was written")
+            if not torch.equal(now[layer][others, 0], before[layer][others, 0]):
+                raise CheckFailure(f"slots of the engine's {name} of layer {layer} outside the batch changed")
     _no_fault(kernel)
 
 

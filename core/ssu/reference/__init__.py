@@ -28,6 +28,7 @@ def ssu_backend():
         factory=_factory,
         capabilities=Capabilities(
             devices={"cpu", "cuda", "mps", "xpu"},
+            state_dtypes={"fp32", "bf16", "fp16", "int8", "fp8_e4m3"},
             max_tokens_per_step=64,
             speculative=True,
             adopt_state=True,

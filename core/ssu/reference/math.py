@@ -1,7 +1,8 @@
 """The reference step: the equations of docs/spec.md in plain PyTorch, fp32 arithmetic, any device.
 
 Within one step the T tokens of a sequence chain in fp32; each token's state is written to the
-cache rounded to its dtype (round to nearest). A row reads a zero state when its slot is the pad
+cache rounded to its dtype (round to nearest; an 8-bit cache quantised per row with a fresh scale,
+:mod:`ssu.quant`). A row reads a zero state when its slot is the pad
 id or outside the cache (the latter recorded in the kernel's fault record) and then writes no state;
 a row with a real slot writes none when its destination is the pad id or outside the cache. Slow on
 purpose: it is the oracle, not a contender.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import faults, slot_state
+from .. import faults, quant, slot_state
 
 
 def per_head(x, dt, A, D, dt_bias):
@@ -37,6 +38,17 @@ def make_step(ctx):
     speculative = p.speculative
     K = slot_state.versions(p)
     record = ctx.faults
+    quantized = p.quantized
+
+    def store(view, scale_view, rows, versions, values):
+        """Write fp32 ``values`` to ``view[rows, versions]``, rounded to the cache (for an 8-bit
+        cache quantised, their row scales to ``scale_view[rows, versions]``)."""
+        if quantized:
+            q, scale = quant.quantize(values, p.state_dtype)
+            view[rows, versions] = q
+            scale_view[rows, versions] = scale
+        else:
+            view[rows, versions] = values.to(view.dtype)
 
     def rows_of(ids, kind):
         """(real-row mask, ids made safe to index with) of ``ids``; ids outside the cache recorded."""
@@ -66,7 +78,11 @@ def make_step(ctx):
             keep = keep & valid  # a pad row writes nothing
         cursor = slot_state.uses_cursor(state)
         cur = slot_state.current_version(state, idx) if cursor else torch.zeros_like(idx)
-        s = views.read[idx, cur].float()
+        scales = state.scales[layer] if quantized else None  # 8-bit rows' scales (ssu.quant)
+        if quantized:
+            s = quant.dequantize(views.read[idx, cur], scales.read[idx, cur])
+        else:
+            s = views.read[idx, cur].float()
         s[~valid] = 0.0  # a pad row reads a zero state
         Af = A.float()
         for t in range(xs.shape[1]):
@@ -89,9 +105,9 @@ def make_step(ctx):
             outs[:, t] = y.to(out.dtype)
             if speculative:  # token t's state: version (cursor + 1 + t) % K, or draft t of an adopted cache
                 version = (cur + 1 + t) % K if cursor else torch.full_like(cur, t)
-                views.write[dst[keep], version[keep]] = s[keep].to(views.write.dtype)
+                store(views.write, scales and scales.write, dst[keep], version[keep], s[keep])
         if not speculative:
-            views.write[dst[keep], 0] = s[keep].to(views.write.dtype)
+            store(views.write, scales and scales.write, dst[keep], torch.zeros_like(dst[keep]), s[keep])
         return out
 
     return step

@@ -1,0 +1,55 @@
+"""8-bit state caches: how a state row is stored as 8-bit values and one fp32 scale.
+
+A quantised state (``int8``, ``fp8_e4m3``) keeps, beside the 8-bit values, one fp32 scale per
+(slot, head, row of P): the N values of a row share it. A row is written as
+
+    scale = max |h| / QMAX          (QMAX: 127 for int8, 448 for fp8_e4m3; 0 for a row of zeros)
+    q     = round_to_nearest(h / scale)   (int8: ties to even, within +-127; fp8: the cast)
+
+and read as ``q * scale``. The scale is computed afresh from each row written: it grows and
+shrinks with the row's largest magnitude at every write, so a row that decays keeps its full
+8-bit resolution. A step dequantises the rows it reads, updates them in fp32 and quantises what it
+writes; nothing else about the step changes.
+
+Per-row scales cost 4 bytes per N values (3 % of an int8 state at N = 128) and bound a row's
+error by its own largest value, where one scale per (slot, head) lets the largest row of a head
+set the step of all its rows (docs/spec.md, "Quantised states", gives the measured errors).
+"""
+
+from __future__ import annotations
+
+from .dtypes import QMAX, QUANTIZED_STATE_DTYPES, to_torch
+
+
+def is_quantized(state_dtype: str) -> bool:
+    """Whether states of this dtype are kept as 8-bit values with scales."""
+    return state_dtype in QUANTIZED_STATE_DTYPES
+
+
+def quantize(values, state_dtype: str):
+    """``(q, scale)`` of ``values`` (..., N): q in the state dtype, one fp32 scale per row (...,)."""
+    import torch
+
+    values = values.float()
+    qmax = QMAX[state_dtype]
+    scale = values.abs().amax(dim=-1) / qmax
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scaled = values / safe[..., None]
+    if state_dtype == "int8":
+        q = torch.round(scaled).clamp_(-qmax, qmax).to(torch.int8)
+    else:
+        q = scaled.clamp(-qmax, qmax).to(to_torch(state_dtype))
+    return q, scale
+
+
+def dequantize(q, scale):
+    """fp32 values of 8-bit rows ``q`` (..., N) with their scales (...,)."""
+    return q.float() * scale[..., None]
+
+
+def stored(values, state_dtype: str):
+    """What a cache of ``state_dtype`` holds once ``values`` are written to it, read back as fp32
+    (for a quantised dtype: quantised, then dequantised)."""
+    if is_quantized(state_dtype):
+        return dequantize(*quantize(values, state_dtype))
+    return values.to(to_torch(state_dtype)).float()
