@@ -8,11 +8,15 @@ from typing import Optional
 
 import torch
 
+from ssu.slot_state import LayerViews
+
 from .launch import StepConstants, launch
 from .tuning import Schedule
 
 
-@torch.library.custom_op("ssu_triton::step", mutates_args=("read", "write", "out", "faults"))
+@torch.library.custom_op(
+    "ssu_triton::step", mutates_args=("read", "write", "out", "faults", "read_scale", "write_scale")
+)
 def step_op(
     read: torch.Tensor,
     write: Optional[torch.Tensor],
@@ -33,8 +37,11 @@ def step_op(
     faults: torch.Tensor,
     consts: list[int],
     schedule: list[int],
+    read_scale: Optional[torch.Tensor] = None,
+    write_scale: Optional[torch.Tensor] = None,
 ) -> None:
-    """``write`` is None when the step writes the view it reads (a custom op's arguments may not alias)."""
+    """``write`` (``write_scale``) is None when the step writes the view it reads (a custom op's
+    arguments may not alias); the scales are an 8-bit cache's, else None."""
     launch(
         read,
         read if write is None else write,
@@ -55,6 +62,7 @@ def step_op(
         faults,
         StepConstants(*consts),
         Schedule(*schedule),
+        None if read_scale is None else LayerViews(read_scale, read_scale if write_scale is None else write_scale),
     )
 
 
@@ -79,5 +87,7 @@ def _step_fake(
     faults,
     consts,
     schedule,
+    read_scale=None,
+    write_scale=None,
 ) -> None:
     return None

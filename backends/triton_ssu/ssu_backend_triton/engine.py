@@ -12,7 +12,7 @@ import time
 import torch
 import triton
 
-from ssu.slot_state import versions
+from ssu.slot_state import LayerViews, versions
 
 from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
@@ -34,6 +34,7 @@ class Launcher:
         self.table: list = [None] * (p.max_batch + 1)
         self._scratch_cursor = None
         self._scratch_faults = None
+        self._scratch_scale_sets: dict = {}
         self.tuned_us: dict = {}  # bucket -> microseconds of its schedule, as tuned (now or in the cache)
         for bucket in tuning.buckets(p.max_batch):
             self.set_bucket(bucket, self.pinned() or tuning.default_config(p, bucket))
@@ -103,6 +104,7 @@ class Launcher:
         is_compiling = torch.compiler.is_compiling
         op = torch.ops.ssu_triton.step
         launches = StepLaunches(seed, faults)
+        quantized = self.problem.quantized
 
         def step(
             state,
@@ -124,6 +126,7 @@ class Launcher:
                 out = torch.empty_like(x)
             schedule = table[x.shape[0]]
             read, write = state.views[layer]
+            scales = state.scales[layer] if quantized else None
             cursor = state.buffers.get("cursor")
             if is_compiling():
                 op(
@@ -146,6 +149,8 @@ class Launcher:
                     faults,
                     list(consts[cursor is not None]),
                     list(schedule),
+                    None if scales is None else scales.read,
+                    None if scales is None or scales.write is scales.read else scales.write,
                 )
             else:
                 launches(
@@ -166,6 +171,7 @@ class Launcher:
                     dst_slots,
                     consts[cursor is not None],
                     schedule,
+                    scales,
                 )
             if seed is not None:
                 seed.add_(1)
@@ -231,8 +237,10 @@ class Launcher:
         p = self.problem
         cursor = None
         read, write = ssm, ssm
+        scales = self._scratch_scales(ssm)
         if adopted:
             read, write = ssm[:, :1], ssm[:, 1:]
+            scales = scales and LayerViews(scales.read[:, :1], scales.read[:, 1:])
         elif p.speculative:
             if self._scratch_cursor is None or self._scratch_cursor.numel() < ssm.shape[0] + 1:
                 self._scratch_cursor = torch.zeros(ssm.shape[0] + 1, dtype=torch.int32, device=ssm.device)
@@ -260,8 +268,21 @@ class Launcher:
             self._scratch_faults,
             consts,
             config,
+            scales,
             compile_only=compile_only,
         )
+
+    def _scratch_scales(self, ssm):
+        """Row scales for a scratch state of an 8-bit cache (one set per scratch tensor, kept), or
+        None for a floating-point cache."""
+        if not self.problem.quantized:
+            return None
+        key = (ssm.data_ptr(), tuple(ssm.shape))
+        scales = self._scratch_scale_sets.get(key)
+        if scales is None:
+            scales = torch.full(ssm.shape[:-1], 0.01, dtype=torch.float32, device=ssm.device)
+            self._scratch_scale_sets = {key: scales}  # the latest scratch state's only
+        return LayerViews(scales, scales)
 
     def compile_all(self) -> None:
         """Compile every configuration in the table for int32 and int64 slots (on scratch), with

@@ -17,6 +17,12 @@ register, and the per-sequence work (slot, dt, B, C) done once for all of them. 
 brings a bf16 state to the bandwidth limit: with a program per tile, a bf16 tile waits for its
 loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
+An 8-bit cache (``QUANT`` 1 for int8, 2 for fp8 e4m3) is read with each row's fp32 scale and
+written with a fresh one: the row's largest magnitude over 127 or 448, its values rounded to
+nearest, ties to even, in fp32 before the store (``ssu.quant`` states the same rule), so the fp8
+cast itself is exact. The scales have their own pointers and slot, version and head strides;
+rows are contiguous in them.
+
 Optional inputs (D, z, dt_bias) and softplus are runtime flags, not specialisations, so one
 compiled kernel serves every combination. ``BRANCHLESS`` (a schedule choice) decides how: with
 uniform branches around their loads and softplus, or with predicated loads and a select, so that
@@ -36,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import load_tile, row_inputs, row_slots, token_inputs, update_rows
+from .tiles import load_state, row_inputs, row_slots, token_inputs, update_rows
 
 
 @triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "has_d", "has_z", "has_dt_bias", "softplus"])
@@ -57,6 +63,8 @@ def ssu_kernel(
     out_ptr,
     seed_ptr,
     faults_ptr,
+    rscale_ptr,
+    wscale_ptr,
     pad_slot_id,
     num_slots,
     r_slot,
@@ -91,6 +99,12 @@ def ssu_kernel(
     o_t,
     o_h,
     o_p,
+    rs_slot,
+    rs_ver,
+    rs_head,
+    ws_slot,
+    ws_ver,
+    ws_head,
     has_d,
     has_z,
     has_dt_bias,
@@ -112,6 +126,7 @@ def ssu_kernel(
     PHILOX_ROUNDS: tl.constexpr,
     PDL: tl.constexpr,
     BRANCHLESS: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """One program per (TILES blocks of P, head, batch row): load the state tile, run the T tokens, store outputs and
     state."""
@@ -135,6 +150,8 @@ def ssu_kernel(
         cur = 0
     rbase = read_ptr + safe_slot * r_slot + head * s_head
     wbase = write_ptr + tl.where(dst_valid, dst, 0) * w_slot + head * s_head
+    rscale = rscale_ptr + safe_slot * rs_slot + head * rs_head  # an 8-bit cache's row scales (QUANT)
+    wscale = wscale_ptr + tl.where(dst_valid, dst, 0) * ws_slot + head * ws_head
 
     a = tl.load(A_ptr + head * a_h).to(tl.float32)
     if BRANCHLESS:
@@ -197,7 +214,7 @@ def ssu_kernel(
     )
 
     if TILES == 1:  # one program per tile
-        s_raw = load_tile(rbase, cur, r_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N)
+        s_raw = load_state(rbase, rscale, cur, r_ver, rs_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N, QUANT)
         update_rows(
             write_ptr,
             x_ptr,
@@ -250,6 +267,8 @@ def ssu_kernel(
             o_p,
             w_ver,
             s_p,
+            wscale,
+            ws_ver,
             has_d,
             has_z,
             softplus,
@@ -264,6 +283,7 @@ def ssu_kernel(
             PHILOX_ROUNDS,
             BRANCHLESS,
             False,
+            QUANT,
         )
     else:  # TILES tiles in a loop whose state loads Triton pipelines STAGES deep through shared memory
         for i in tl.range(0, TILES, num_stages=STAGES):
@@ -271,7 +291,7 @@ def ssu_kernel(
             x_i, z_i = row_inputs(
                 x_ptr, z_ptr, offs_p, row, head, 0, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P, BRANCHLESS
             )
-            s_raw = load_tile(rbase, cur, r_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
+            s_raw = load_state(rbase, rscale, cur, r_ver, rs_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N, QUANT)
             update_rows(
                 write_ptr,
                 x_ptr,
@@ -324,6 +344,8 @@ def ssu_kernel(
                 o_p,
                 w_ver,
                 s_p,
+                wscale,
+                ws_ver,
                 has_d,
                 has_z,
                 softplus,
@@ -338,4 +360,5 @@ def ssu_kernel(
                 PHILOX_ROUNDS,
                 BRANCHLESS,
                 True,
+                QUANT,
             )

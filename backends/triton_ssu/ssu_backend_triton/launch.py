@@ -27,6 +27,10 @@ def kernel_call(jit, grid, compile_only: bool = False):
     return functools.partial(fast_launch.launch, jit, grid)
 
 
+#: the kernel's QUANT code of each 8-bit cache dtype (0: a floating-point cache)
+QUANT_CODES = {"torch.int8": 1, "torch.float8_e4m3fn": 2}
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive integers: ``triton.cdiv`` without the constexpr-function wrapper
     that makes each call of it cost microseconds on the launch path."""
@@ -78,6 +82,7 @@ def arguments(
     faults,
     consts: StepConstants,
     schedule,
+    scales=None,
 ):
     """The launch of one step of one layer as ``(grid, args, kwargs)`` of ``ssu_kernel[grid](*args,
     **kwargs)``: states read from ``read`` and written to ``write``, both (slots, versions, H, P, N)
@@ -90,8 +95,9 @@ def arguments(
     next kernel be scheduled at once and waits for the previous kernel to finish before it reads
     anything, so the launch of one step overlaps the drain of the kernel before it) and
     ``branchless`` (the optional inputs loaded with predicated loads instead of uniform
-    branches). The kernel's first :data:`POINTERS` parameters are tensors, the rest integers,
-    flags and constants."""
+    branches). ``scales``: for an 8-bit cache, the (slots, versions, H, P) views its row scales
+    are read from and written to (:attr:`ssu.State.scales`), else None. The kernel's first
+    :data:`POINTERS` parameters are tensors, the rest integers, flags and constants."""
     block_p, num_warps, tiles, stages, maxnreg, pdl, branchless = schedule
     b = x.shape[0]
     multi = x.dim() == 4
@@ -109,6 +115,14 @@ def arguments(
     ws = write.stride()
     grid = (cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(read.device)
+    if scales is not None:
+        read_scale, write_scale = scales
+        rss, wss = read_scale.stride(), write_scale.stride()
+        quant = QUANT_CODES[str(read.dtype)]
+    else:  # the scale parameters are not read: any tensor stands for them
+        read_scale = write_scale = slots
+        rss = wss = (0, 0, 0)
+        quant = 0
     args = (
         read,
         write,
@@ -126,6 +140,8 @@ def arguments(
         out,
         seed if seed is not None else slots,
         faults,
+        read_scale,
+        write_scale,
         consts.pad_slot_id,
         consts.num_slots,
         rs[0],
@@ -160,6 +176,12 @@ def arguments(
         os_[1],
         os_[2],
         os_[3],
+        rss[0],
+        rss[1],
+        rss[2],
+        wss[0],
+        wss[1],
+        wss[2],
         D is not None,
         z is not None,
         dt_bias is not None,
@@ -183,6 +205,7 @@ def arguments(
         PHILOX_ROUNDS=consts.philox_rounds,
         PDL=pdl,
         BRANCHLESS=bool(branchless),
+        QUANT=quant,
         num_warps=num_warps,
         maxnreg=maxnreg or None,
         launch_pdl=pdl,
@@ -201,7 +224,7 @@ def launch(*call, compile_only: bool = False):
 
 
 #: the kernel's leading parameters that take tensors (its pointers)
-POINTERS = 16
+POINTERS = 18
 #: torch's current CUDA device and that device's current stream, as Triton reads them
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -214,7 +237,7 @@ class StepLaunches:
     An eager decode step launches one small kernel per layer; what it costs on the host, not the
     kernel, is then the SSU's share of a token. :func:`arguments` builds 70-odd arguments per call
     and ``jit[grid]`` or ``CompiledKernel[grid]`` add their own Python layers on top. Every
-    argument but the 16 pointers is fixed by the call's layout: the shapes, strides and dtypes of
+    argument but the pointers is fixed by the call's layout: the shapes, strides and dtypes of
     the tensors, which optional inputs are given, softplus, the constants, the schedule and the
     current device. So a call whose layout was seen (and whose pointers are all 16-byte aligned,
     as Triton assumed when it compiled the kernel) passes the kept argument tail with its
@@ -232,7 +255,25 @@ class StepLaunches:
         self.direct = {}  # layout -> (C launch, fixed launcher arguments, grid x, y, z, kernel args after the pointers)
 
     def __call__(
-        self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts, schedule
+        self,
+        read,
+        write,
+        cursor,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        slots,
+        D,
+        z,
+        dt_bias,
+        dt_softplus,
+        out,
+        dst_slots,
+        consts,
+        schedule,
+        scales=None,
     ):
         """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
         ``faults``, which are this kernel's)."""
@@ -263,6 +304,7 @@ class StepLaunches:
             read.dtype,
             write.stride(),
             None if cursor is None else cursor.dtype,
+            None if scales is None else (scales.read.stride(), scales.write.stride()),
             consts,
             schedule,
         )
@@ -282,17 +324,21 @@ class StepLaunches:
             p_z = p_x if z is None else z.data_ptr()
             p_dt_bias = p_A if dt_bias is None else dt_bias.data_ptr()
             p_seed = p_slots if self.seed is None else self.seed_ptr
+            p_rscale = p_wscale = p_slots
+            if scales is not None:
+                p_rscale, p_wscale = scales.read.data_ptr(), scales.write.data_ptr()
             # fmt: off
             if not (p_read | p_write | p_cursor | p_x | p_dt | p_A | p_B | p_C | p_slots | p_dst | p_D | p_z
-                    | p_dt_bias | p_out | p_seed) & 15:
+                    | p_dt_bias | p_out | p_seed | p_rscale | p_wscale) & 15:
                 c_launch, fixed, gx, gy, gz, tail = kept
                 c_launch(gx, gy, gz, _raw_stream(device), *fixed, p_read, p_write, p_cursor, p_x, p_dt, p_A, p_B, p_C,
-                         p_slots, p_dst, p_D, p_z, p_dt_bias, p_out, p_seed, self.faults_ptr, *tail)
+                         p_slots, p_dst, p_D, p_z, p_dt_bias, p_out, p_seed, self.faults_ptr, p_rscale, p_wscale,
+                         *tail)
                 return
             # fmt: on
         grid, args, kwargs = arguments(
             read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, self.seed, dst_slots,
-            self.faults, consts, schedule,
+            self.faults, consts, schedule, scales,
         )  # fmt: skip
         compiled = kernel_call(ssu_kernel, grid)(*args, **kwargs)
         if kept is None and compiled is not None and device is not None and _raw_stream is not None:

@@ -36,6 +36,7 @@ def ssu_backend():
         factory=_factory,
         capabilities=ssu.Capabilities(
             devices={"cuda", "cpu"},
+            state_dtypes={"fp32", "bf16", "fp16", "int8", "fp8_e4m3"},
             max_tokens_per_step=MAX_TOKENS,
             speculative=True,
             stochastic_rounding=True,
@@ -132,16 +133,20 @@ def ssu_commit(ctx, state, slots, num_accepted):
         return
     draft = state.buffers["draft"]
     for layer, cache in enumerate(state.cache):
-        copy_drafts(
-            cache,
-            draft[layer],
-            slots,
-            num_accepted,
-            ctx.faults,
-            pad_slot_id=p.pad_slot_id,
-            num_slots=p.num_slots,
-            record=layer == 0,
-        )
+        pairs = [(cache, draft[layer])]
+        if p.quantized:  # an 8-bit cache's row scales, copied with their rows
+            pairs.append((state.scales[layer].read[:, 0], state.buffers["draft_scale"][layer]))
+        for i, (target, drafts) in enumerate(pairs):
+            copy_drafts(
+                target,
+                drafts,
+                slots,
+                num_accepted,
+                ctx.faults,
+                pad_slot_id=p.pad_slot_id,
+                num_slots=p.num_slots,
+                record=layer == 0 and i == 0,
+            )
 
 
 @ssu.hookimpl

@@ -56,6 +56,37 @@ def rounded_state(
 
 
 @triton.jit
+def quantized_rows(s, QUANT: tl.constexpr):
+    """``(q, scale)`` of an fp32 state tile quantised per row (``ssu.quant``): ``scale`` the row's
+    largest magnitude over QMAX (127 for ``QUANT`` 1, int8; 448 for 2, fp8 e4m3), ``q`` the row
+    over its scale in fp32 rounded to nearest, ties to even: to integers (int8) or to e4m3's
+    values (fp8, whose cast is then exact)."""
+    if QUANT == 1:
+        qmax = 127.0
+    else:
+        qmax = 448.0
+    scale = tl.max(tl.abs(s), axis=1) / qmax
+    v = tl.minimum(tl.maximum(s / tl.where(scale > 0, scale, 1.0)[:, None], -qmax), qmax)
+    if QUANT == 2:  # to e4m3's grid here, so that the cast is exact: the spacing of v's binade
+        exponent = ((v.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
+        exponent = tl.maximum(exponent, 127 - 6) - 3  # 3 mantissa bits; below 2^-6, e4m3's subnormal spacing
+        step = (exponent << 23).to(tl.float32, bitcast=True)
+        v = nearest_even(v / step) * step  # exact: step is a power of two
+    else:
+        v = nearest_even(v)
+    return v, scale
+
+
+@triton.jit
+def nearest_even(v):
+    """``v`` rounded to the nearest integer, ties to even (as torch.round), in fp32."""
+    f = tl.floor(v)
+    frac = v - f
+    odd = f - 2.0 * tl.floor(f * 0.5)  # 1 where f is odd: a tie goes to the even neighbour
+    return tl.where(frac > 0.5, f + 1.0, tl.where(frac < 0.5, f, f + odd))
+
+
+@triton.jit
 def token_inputs(
     x_ptr,
     B_ptr,
@@ -175,6 +206,30 @@ def load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N: tl.constexpr
 
 
 @triton.jit
+def load_state(
+    base,
+    scale_base,
+    cur,
+    s_ver,
+    sc_ver,
+    s_p,
+    offs_p,
+    offs_n,
+    state_rows,
+    N: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """The state tile of rows ``offs_p``: as stored, or for an 8-bit cache (``QUANT``) in fp32,
+    each row times its scale."""
+    tile = load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
+    if QUANT > 0:
+        scale = tl.load(scale_base + cur * sc_ver + offs_p, mask=offs_p < state_rows, other=0.0)
+        tile = tile.to(tl.float32) * scale[:, None]
+    return tile
+
+
+@triton.jit
 def update_rows(
     write_ptr,
     x_ptr,
@@ -227,6 +282,8 @@ def update_rows(
     o_p,
     w_ver,
     s_p,
+    wscale_base,
+    ws_ver,
     has_d,
     has_z,
     softplus,
@@ -241,10 +298,12 @@ def update_rows(
     PHILOX_ROUNDS: tl.constexpr,
     BRANCHLESS: tl.constexpr,
     B_IN_TILE: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
     loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with
-    ``B_IN_TILE``), storing to ``wbase`` (``write_rows`` 0: nowhere). Each later token's inputs
+    ``B_IN_TILE``), storing to ``wbase`` (``write_rows`` 0: nowhere; with ``QUANT``, an 8-bit
+    cache, each row quantised with a fresh scale stored to ``wscale_base``). Each later token's inputs
     are loaded before the earlier token's stores, so their latency overlaps (the compiler may not
     move a load past a store to memory it cannot prove distinct)."""
     mask_p = offs_p < P
@@ -308,13 +367,18 @@ def update_rows(
             )
         tl.store(out_ptr + row * o_b + t * o_t + head * o_h + offs_p * o_p, y.to(out_ptr.dtype.element_ty), mask=mask_p)
         if SPECULATIVE or t == T - 1:
-            stored = rounded_state(s, write_ptr, seed + t, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             if SPECULATIVE and CURSOR:
                 dest = (cur + 1 + t) % K  # the versions of an allocated state
             elif SPECULATIVE:
                 dest = t  # the drafts beside an adopted cache
             else:
                 dest = 0
+            if QUANT > 0:
+                q, scale = quantized_rows(s, QUANT)
+                tl.store(wscale_base + dest * ws_ver + offs_p, scale, mask=offs_p < write_rows)
+                stored = q.to(write_ptr.dtype.element_ty)
+            else:
+                stored = rounded_state(s, write_ptr, seed + t, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             tl.store(wbase + dest * w_ver + tile, stored, mask=state_mask)
 
 

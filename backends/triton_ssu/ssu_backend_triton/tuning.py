@@ -237,9 +237,11 @@ def tune_bucket(
     sets = max(1, min(16, -(-COLD_BYTES // (slot_bytes * bucket)), SCRATCH_LIMIT // (slot_bytes * bucket)))
     gen = torch.Generator().manual_seed(bucket)
     total = sets * bucket
-    scratch = torch.empty(
-        total, K, p.nheads, p.headdim, p.dstate, device=p.device, dtype=to_torch(p.state_dtype)
-    ).normal_(generator=None)
+    shape = (total, K, p.nheads, p.headdim, p.dstate)
+    if p.quantized:  # 8-bit values (their scales are the launcher's scratch)
+        scratch = (torch.randn(shape, device=p.device) * 40).to(to_torch(p.state_dtype))
+    else:
+        scratch = torch.empty(shape, device=p.device, dtype=to_torch(p.state_dtype)).normal_(generator=None)
     slot_sets = [torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)]
     inputs = [step_inputs(p, s, gen) for s in slot_sets]
     outs = [torch.empty_like(i.x) for i in inputs]

@@ -214,3 +214,31 @@ def test_direct_declines(monkeypatch, why):
     else:
         compiled = types.SimpleNamespace(run=object(), function=7, packed_metadata=())
     assert fast_launch.direct(compiled) is None
+
+
+def test_an_8_bit_cache_passes_its_row_scales_and_keys_their_layout(recorder):
+    from ssu.slot_state import LayerViews
+
+    gen = torch.Generator().manual_seed(6)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+
+    def call_with_scales():
+        call = make_call(gen)
+        call["read"] = call["write"] = (call["read"] * 20).to(torch.int8)
+        scales = torch.rand(6, 1, 4, 16, generator=gen)
+        return call, LayerViews(scales, scales)
+
+    call, scales = call_with_scales()
+    launches(**call, scales=scales)
+    assert recorder.full[-1][2]["QUANT"] == 1
+    call, scales = call_with_scales()
+    launches(**call, scales=scales)
+    grid, args, kwargs = arguments(**call, seed=None, faults=launches.faults, scales=scales)
+    pointers = recorder.direct[-1][13 : 13 + POINTERS]
+    assert pointers[16] == scales.read.data_ptr() and pointers[17] == scales.write.data_ptr()
+    assert recorder.direct[-1][13 + POINTERS :] == (
+        *args[POINTERS:],
+        *[kwargs[n] for n in launch.ssu_kernel.arg_names[len(args) :]],
+    )
+    launches(**make_call(gen))  # a floating-point cache: another layout
+    assert len(recorder.full) == 2

@@ -348,6 +348,30 @@ def test_adopted_caches_destinations_and_pad_ids(state, T, destinations, pad_id,
     )
 
 
+@pytest.mark.parametrize("state", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize(
+    "T, adopt, destinations",
+    [
+        (1, True, True),
+        pytest.param(1, False, True, marks=pytest.mark.slow),
+        pytest.param(2, False, False, marks=pytest.mark.slow),
+        pytest.param(2, True, False, marks=pytest.mark.slow),
+    ],
+)
+def test_8_bit_states_with_row_scales(state, T, adopt, destinations, gen):
+    """An 8-bit cache: rows dequantised with their scales, updated, quantised with fresh scales
+    (allocated and adopted, with destinations, speculative drafts committed), against the
+    reference; pad rows and slots outside the batch untouched, scales included."""
+    p = problem(
+        state_dtype=state,
+        num_slots=11,
+        tokens_per_step=T,
+        speculative=T > 1,
+        engine_state=adopt,
+    )
+    compare_steps(p, gen, steps=2, pad=1, adopt=adopt, destinations=destinations)
+
+
 def test_destination_slots_on_an_allocated_state(gen):
     compare_steps(problem(num_slots=11, pad_slot_id=0), gen, steps=3, pad=1, destinations=True)
 

@@ -28,6 +28,17 @@ def test_model_shapes_match_reference(shape, state_dtype, tokens, gen):
     compare_steps(p, gen, steps=3, pad=3, layers=2, index_dtype=torch.int64 if tokens > 1 else torch.int32)
 
 
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("tokens, adopt", [(1, False), (1, True), (4, False), (4, True)])
+def test_8_bit_states_at_the_model_shape(state_dtype, tokens, adopt, gen):
+    """Nemotron-H-8B's mixer shape with an 8-bit cache and its row scales, allocated and adopted,
+    one token and four (drafts committed), against the reference."""
+    p = cuda_problem(
+        "nemotron-h-8b", state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1, engine_state=adopt
+    )
+    compare_steps(p, gen, steps=3, pad=3, layers=2, adopt=adopt, destinations=adopt and tokens == 1)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_cuda_graph_capture_and_replay(tokens, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
