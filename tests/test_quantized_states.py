@@ -165,3 +165,14 @@ def test_ssu_run_shows_the_error_of_an_int8_state(capsys):
     assert main([*args, "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "state=int8" in out and "max error" in out and "result          OK" in out
+
+
+def test_ssu_bench_smoke_runs_8_bit_states_allocated_and_adopted(capsys):
+    from ssu.cli.main import main
+
+    shape = ["--nheads", "4", "--headdim", "8", "--dstate", "16", "--ngroups", "2"]
+    args = ["bench", "--device", "cpu", "--state-dtype", "int8,fp8_e4m3", "--backends", "reference", "--batches", "2"]
+    assert main([*args, "--adopt", *shape]) == 0
+    out = capsys.readouterr().out
+    for state in QUANTIZED:
+        assert f"reference              {state:8s}" in out and f"reference+adopted      {state:8s}" in out

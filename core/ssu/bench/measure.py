@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import attrs
 
 from .. import traffic as step_traffic
-from ..dtypes import ITEMSIZE
+from ..dtypes import ITEMSIZE, QUANTIZED_STATE_DTYPES
 from ..errors import SSUError, SSUWarning
 
 #: each timed graph spans at least this many state bytes, so that the L2 (60 MB on an H200) stays cold
@@ -42,8 +42,10 @@ class Case:
 
     @property
     def slot_bytes(self) -> int:
-        """Bytes of one slot's state in one layer: H x P x N elements of the state dtype."""
-        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype]
+        """Bytes of one slot's state in one layer: H x P x N elements of the state dtype (and an
+        8-bit cache's H x P fp32 row scales)."""
+        scales = self.nheads * self.headdim * 4 if self.state_dtype in QUANTIZED_STATE_DTYPES else 0
+        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype] + scales
 
     @property
     def state_traffic(self) -> int:
@@ -167,15 +169,16 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
         timer = graph_time_us if timing == "graph" else event_time_us
     gen = torch.Generator().manual_seed(0)
     if case.adopt:
-        from ..dtypes import to_torch
+        from ..harness import engine_cache, engine_scales
 
-        pages = torch.randn(problem.num_slots, 2, case.nheads, case.headdim, case.dstate, generator=gen)
-        state = kernel.adopt_state(pages.to(dtype=to_torch(case.state_dtype), device=device)[:, 0])
+        caches, _ = engine_cache(problem, 1, gen)
+        scales, _ = engine_scales(problem, 1, gen)
+        state = kernel.adopt_state(caches, scales=scales or None)
     else:
         state = kernel.allocate_state(num_layers=1)
         for buf in state.buffers.values():
-            if buf.is_floating_point():
-                buf.normal_()
+            if buf.is_floating_point():  # random values (an 8-bit float buffer through fp32)
+                buf.copy_(torch.randn(buf.shape, device=buf.device))
         if "pnat" in state.buffers or "count" in state.buffers:
             _staggered_cursors(state, problem, kernel.options, gen)
     weights = layer_weights(problem, gen)

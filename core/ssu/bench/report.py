@@ -28,7 +28,7 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
     for r in rows:
         best[_key(r)] = min(best.get(_key(r), r.us), r.us)
     lines = [
-        f"{'backend':22s} {'state':5s} {'T':>2s} {'batch':>6s} {'us/step':>10s} {'TB/s':>6s} "
+        f"{'backend':22s} {'state':8s} {'T':>2s} {'batch':>6s} {'us/step':>10s} {'TB/s':>6s} "
         f"{'of copy':>8s} {'floor us':>9s} {'of floor':>8s} {'vs fastest':>10s}"
     ]
     for r in sorted(rows, key=lambda r: (_key(r), r.us)):
@@ -38,7 +38,7 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
         floor = r.floor_us(ceiling_tbps)
         floor_us, of_floor = ("-", "-") if floor is None else (f"{floor:.1f}", f"{floor / r.us:.0%}")
         lines.append(
-            f"{c.backend:22s} {c.state_dtype:5s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
+            f"{c.backend:22s} {c.state_dtype:8s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
             f"{of_copy:>8s} {floor_us:>9s} {of_floor:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}"
         )
     eager = sorted({r.case.backend for r in rows if r.timing == "eager"})
