@@ -107,7 +107,7 @@ def main() -> None:
     slots = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     out = torch.empty_like(x)
     module_function = getattr(sys.modules[module_name], ssu_hf.FUNCTION)
-    token = ssu_hf._running.set(patch.config)
+    token = ssu_hf._running.set(patch.serving)
     levels = {
         "zeros": lambda: x.new_zeros(x.shape),
         "raw": lambda: kernel.raw_step(adopted, x, dt, A, B, C, slots, D, z, dt_bias, True, out, 0, None),

@@ -176,3 +176,27 @@ def test_ssu_bench_smoke_runs_8_bit_states_allocated_and_adopted(capsys):
     out = capsys.readouterr().out
     for state in QUANTIZED:
         assert f"reference              {state:8s}" in out and f"reference+adopted      {state:8s}" in out
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED)
+def test_a_patched_model_keeps_its_cache_as_an_8_bit_cache_would_hold_it(dtype):
+    from ssu.integrations import hf_models
+    from ssu.integrations import transformers as ssu_hf
+
+    model = hf_models.random_model("nemotron_h", "tiny", 2)
+    ids = hf_models.prompt_ids(model)
+    with ssu_hf.patch(model, ssu.Config(backend="reference"), state_rounding=dtype):
+        generation = hf_models.generate(model, ids, 3)
+    for state in generation.recurrent_states():
+        assert torch.equal(quant.stored(state, dtype), state)  # on the 8-bit grid of its row scales
+    with pytest.raises(ssu.ConfigError, match="not an 8-bit state dtype"):
+        ssu_hf.patch(model, ssu.Config(backend="reference"), state_rounding="bf16")
+
+
+def test_ssu_compare_with_an_8_bit_cache_reports_token_agreement(capsys):
+    from ssu.cli.main import main
+
+    args = ["compare", "--arch", "mamba2", "--layers", "2", "--new-tokens", "4", "--backend", "reference"]
+    assert main([*args, "--state-dtype", "int8", "--no-share"]) == 0
+    out = capsys.readouterr().out
+    assert "rounded after each step to an int8 cache's contents" in out and "tokens: 4/4 equal" in out

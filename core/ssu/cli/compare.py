@@ -35,6 +35,12 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--config", help="ssu.toml or pyproject.toml (default: search the working directory)")
     p.add_argument("--backend", help="backend name, comma-separated fallback list, or auto")
     p.add_argument("--no-share", action="store_true", help="skip the run that measures the SSU's share of a token")
+    p.add_argument(
+        "--state-dtype",
+        choices=("int8", "fp8_e4m3"),
+        help="through ssu, round the model's cache after each step to what an 8-bit cache of this dtype holds "
+        "(its accuracy; the time per token then includes the rounding)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
 
 
@@ -88,7 +94,15 @@ def cmd_compare(args) -> int:
         f"tokens, {args.device}",
         flush=True,
     )
-    result = hf_models.compare(model, ids, args.new_tokens, config=config, null=not args.no_share)
+    if args.state_dtype:
+        print(
+            f"through ssu the cache is rounded after each step to an {args.state_dtype} cache's contents (row scales "
+            "recomputed at every write; docs/spec.md, Quantised states)",
+            flush=True,
+        )
+    result = hf_models.compare(
+        model, ids, args.new_tokens, config=config, null=not args.no_share, state_rounding=args.state_dtype
+    )
     backend = ssu_backend(model)
     rows = [("transformers", result.reference), (f"ssu ({backend})", result.through_ssu)]
     layers = len(find_mixers(model))

@@ -288,19 +288,21 @@ def compare(
     null: bool = False,
     warm: bool = True,
     rounds: int = 3,
+    state_rounding: Optional[str] = None,
 ) -> Comparison:
     """Greedy generation with transformers' own path, then through ssu (``patch(model, config)``),
     each warmed up first; with ``null`` also with the SSU replaced by one that returns zeros, so
     that the SSU's share of a token's time is the difference. The paths take turns ``rounds``
     times and each keeps the step times of all its rounds (the tokens and logits of its first),
-    so that a drift of the host moves them alike."""
+    so that a drift of the host moves them alike. ``state_rounding``: the patched path rounds the
+    cache to an 8-bit cache's contents after each step (:func:`ssu.integrations.transformers.patch`)."""
     from . import transformers as integration
 
     def run_all(first: bool):
         if first and warm:
             generate(model, input_ids, 2, attention_mask=attention_mask)
         runs = [generate(model, input_ids, new_tokens, attention_mask=attention_mask)]
-        with integration.patch(model, config):
+        with integration.patch(model, config, state_rounding=state_rounding):
             if first and warm:
                 generate(model, input_ids, 2, attention_mask=attention_mask)
             runs.append(generate(model, input_ids, new_tokens, attention_mask=attention_mask))
@@ -422,7 +424,7 @@ def call_us(model, input_ids, config, *, count: int = 200) -> dict:
         module = type(integration.find_mixers(model)[0][1]).__module__
         function = getattr(sys.modules[module], integration.FUNCTION)
         x = args[1]
-        token = integration._running.set(patch.config)  # as inside a patched mixer's forward
+        token = integration._running.set(patch.serving)  # as inside a patched mixer's forward
         try:
             with torch.no_grad():
                 return host_times_us(

@@ -44,8 +44,19 @@ class UnsupportedModelError(SSUError, ValueError):
     """The model has no Mamba2 mixer ssu can serve (another SSU, or none)."""
 
 
-#: the mixer running now, and the config to serve it with (None: not a patched mixer)
+#: how the patched mixer running now is served (a :class:`Serving`; None: not a patched mixer)
 _running: contextvars.ContextVar = contextvars.ContextVar("ssu_transformers_mixer", default=None)
+
+
+@attrs.frozen
+class Serving:
+    """How a patch serves its mixers: the config, and the 8-bit dtype whose contents the model's
+    cache is rounded to after each step (None: the cache keeps what the step wrote)."""
+
+    config: Any
+    state_rounding: Optional[str] = None
+
+
 #: modeling module name -> [original function, number of patches using it]
 _patched_modules: dict = {}
 
@@ -59,6 +70,12 @@ class Patch:
     modules: list
     config: Any
     active: bool = True
+    state_rounding: Optional[str] = None
+
+    @property
+    def serving(self) -> Serving:
+        """What a patched mixer runs with (set while it runs)."""
+        return Serving(self.config, self.state_rounding)
 
     def undo(self) -> None:
         """Remove the mixers' forward wrappers; restore each modeling module's function once no
@@ -156,7 +173,7 @@ def _input_dtype(mixer, fallback):
     return proj.weight.dtype if proj is not None and hasattr(proj, "weight") else fallback
 
 
-def patch(model, config=None, **options) -> Patch:
+def patch(model, config=None, *, state_rounding: Optional[str] = None, **options) -> Patch:
     """Route the decode SSU of every Mamba2 mixer of ``model`` through ssu (see the module doc).
 
     ``config`` is an :class:`ssu.Config` (default: :func:`ssu.load_config`); ``options`` are its
@@ -164,6 +181,11 @@ def patch(model, config=None, **options) -> Patch:
     :class:`Patch`, also a context manager. Raises, leaving the model as it was, for a model
     without Mamba2 mixers (:class:`UnsupportedModelError`), a model patched already, or mixer
     shapes or dtypes no configured backend serves (:class:`ssu.ConfigError` with the reason).
+
+    ``state_rounding`` (``"int8"`` or ``"fp8_e4m3"``): after each decode step the layer's cache is
+    rounded in place to what an 8-bit cache of that dtype would hold (row scales computed afresh,
+    :mod:`ssu.quant`), so that generation shows the accuracy of such a cache on a model whose
+    cache transformers keeps in fp32 (the time per token then includes the rounding).
     """
     from ..config import Config, load_config
     from ..dropin import selective_state_update
@@ -177,10 +199,19 @@ def patch(model, config=None, **options) -> Patch:
         raise ConfigError("patch: give a config or its fields as keyword arguments, not both")
     if config is None:
         config = Config(**options) if options else load_config()
+    if state_rounding is not None:
+        from ..dtypes import QUANTIZED_STATE_DTYPES, dtype_name
+
+        state_rounding = dtype_name(state_rounding, what="state_rounding")
+        if state_rounding not in QUANTIZED_STATE_DTYPES:
+            raise ConfigError(
+                f"state_rounding: {state_rounding} is not an 8-bit state dtype; use one of "
+                f"{', '.join(QUANTIZED_STATE_DTYPES)} (or leave it out)"
+            )
     mixers = find_mixers(model)
     _check_served(mixers, config)
     modules = sorted({type(m).__module__ for _, m in mixers})
-    result = Patch(model, [m for _, m in mixers], modules, config)
+    result = Patch(model, [m for _, m in mixers], modules, config, state_rounding=state_rounding)
     for name in modules:
         module = sys.modules[name]
         if name not in _patched_modules:
@@ -189,17 +220,17 @@ def patch(model, config=None, **options) -> Patch:
             setattr(module, FUNCTION, _dispatcher(original, selective_state_update))
         _patched_modules[name][1] += 1
     for mixer in result.mixers:
-        mixer.forward = _marking(mixer.forward, config)
+        mixer.forward = _marking(mixer.forward, result.serving)
     model._ssu_patch = result
     return result
 
 
-def _marking(forward, config):
-    """``forward`` (a mixer's bound method) run with the mixer marked as a patched one serving
-    ``config``: the instance attribute that stands for it while patched."""
+def _marking(forward, serving: Serving):
+    """``forward`` (a mixer's bound method) run with the mixer marked as a patched one served as
+    ``serving`` says: the instance attribute that stands for it while patched."""
 
     def marked_forward(*args, **kwargs):
-        token = _running.set(config)
+        token = _running.set(serving)
         try:
             return forward(*args, **kwargs)
         finally:
@@ -217,19 +248,24 @@ def _dispatcher(original, selective_state_update):
     plain call (no dynamo wrapper in the way)."""
     import torch
 
+    from ..quant import stored
+
     compiled_out = torch.compiler.disable(selective_state_update)
     is_compiling = torch.compiler.is_compiling
 
     def mamba2_selective_state_update(
         state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **kwargs
     ):
-        config = _running.get()
-        if config is None:
+        serving = _running.get()
+        if serving is None:
             return original(
                 state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z, **kwargs
             )
         call = compiled_out if is_compiling() else selective_state_update
-        return call(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=config)
+        out = call(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=serving.config)
+        if serving.state_rounding is not None:  # what an 8-bit cache would hold now
+            state.copy_(stored(state, serving.state_rounding))
+        return out
 
     mamba2_selective_state_update.__wrapped__ = original
     return mamba2_selective_state_update
