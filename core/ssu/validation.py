@@ -443,21 +443,16 @@ class Checker:
         N), the state dtype, the kernel's device, a contiguous (H, P, N) block per slot, slots that
         do not overlap. Accepts one tensor (one layer), an (L, num_slots, H, P, N) tensor, or a
         sequence of per-layer tensors."""
-        import torch
 
         p = self.problem
         H, P, N = p.nheads, p.headdim, p.dstate
-        if isinstance(cache, torch.Tensor) and cache.dim() == 5:
-            layers, names = tuple(cache.unbind(0)), [f"cache[{i}]" for i in range(cache.shape[0])]
-        elif isinstance(cache, torch.Tensor):
-            layers, names = (cache,), ["cache"]
-        elif isinstance(cache, (list, tuple)) and cache:
-            layers, names = tuple(cache), [f"cache[{i}]" for i in range(len(cache))]
-        else:
+        found = _per_layer(cache, "cache", 4)
+        if found is None:
             raise InputError(
                 "cache: expected the engine's state tensor (num_slots, H, P, N), an (L, num_slots, H, P, N) "
                 f"tensor or a non-empty sequence of (num_slots, H, P, N) tensors, got {type(cache).__name__}"
             )
+        layers, names = found
         for name, t in zip(names, layers):
             self.tensor(
                 name,
@@ -485,7 +480,6 @@ class Checker:
         (num_slots, H, P), fp32, the kernel's device, a contiguous (H, P) block per slot, one per
         layer of the cache (in the forms :meth:`cache` takes). Empty for a floating-point state,
         which takes none."""
-        import torch
 
         from .dtypes import QUANTIZED_STATE_DTYPES
 
@@ -503,17 +497,13 @@ class Checker:
                 f"scales: a {p.state_dtype} cache keeps one fp32 scale per (slot, head, row) beside its values; "
                 "pass them: kernel.adopt_state(cache, scales=...) with a (num_slots, H, P) fp32 tensor per layer"
             )
-        if isinstance(scales, torch.Tensor) and scales.dim() == 4:
-            layers, names = tuple(scales.unbind(0)), [f"scales[{i}]" for i in range(scales.shape[0])]
-        elif isinstance(scales, torch.Tensor):
-            layers, names = (scales,), ["scales"]
-        elif isinstance(scales, (list, tuple)) and scales:
-            layers, names = tuple(scales), [f"scales[{i}]" for i in range(len(scales))]
-        else:
+        found = _per_layer(scales, "scales", 3)
+        if found is None:
             raise InputError(
                 "scales: expected a (num_slots, H, P) fp32 tensor, an (L, num_slots, H, P) tensor or a "
                 f"non-empty sequence of (num_slots, H, P) tensors, got {type(scales).__name__}"
             )
+        layers, names = found
         if len(layers) != num_layers:
             raise InputError(f"scales: {len(layers)} layer(s) of scales for {num_layers} layer(s) of cache")
         for name, t in zip(names, layers):
@@ -524,3 +514,17 @@ class Checker:
                     f"{(P, 1)} after the slot's), got strides {t.stride()}"
                 )
         return layers
+
+
+def _per_layer(value, name: str, dims: int):
+    """``(tensors, names)`` of per-layer tensors of ``dims`` dimensions given as one layer's
+    tensor, a stacked ``(L, ...)`` tensor or a non-empty sequence; None for anything else."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dim() == dims + 1:
+        return tuple(value.unbind(0)), [f"{name}[{i}]" for i in range(value.shape[0])]
+    if isinstance(value, torch.Tensor):
+        return (value,), [name]
+    if isinstance(value, (list, tuple)) and value:
+        return tuple(value), [f"{name}[{i}]" for i in range(len(value))]
+    return None
