@@ -5,7 +5,8 @@
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
 # verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
-# hf-overhead, bench-all (the four GPU backends in one run).
+# hf-overhead, bench-all (the four GPU backends in one run), bench-8bit (triton's 8-bit states against
+# bf16, one run).
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -74,6 +75,8 @@ for stage in "$@"; do
         --layers 4 --dtype fp32 --device cuda --backend triton
       timeout 200 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \
         --backend triton; } 2>&1 | grep -v 'falling back' | tee "$OUT/hf-overhead.log" ;;
+    bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
+      --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
