@@ -29,30 +29,13 @@ import io
 import pstats
 import statistics
 import sys
-import time
 
 import torch
 
 import ssu
 import ssu.integrations.transformers as ssu_hf
 from ssu.integrations import hf_models
-
-
-def host_us(fn, calls: int, device: str, repeats: int = 7) -> float:
-    """Median over ``repeats`` of the wall time per call of ``calls`` calls, the device
-    synchronised before and after each run, in microseconds."""
-    cuda = device.startswith("cuda")
-    samples = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
+from ssu.timing import host_times_us
 
 
 def device_us(fn, calls: int) -> float:
@@ -128,9 +111,7 @@ def main() -> None:
     previous = None
     first_of_the_path = "launcher" if launcher is not None else "raw"  # the levels after it add to it
     for name, fn in levels.items():
-        for _ in range(10):
-            fn()
-        us = host_us(fn, args.calls, args.device)
+        us = host_times_us({name: fn}, count=args.calls, cuda=args.device.startswith("cuda"))[name]
         added = "" if name in ("zeros", first_of_the_path) else f"{us - previous:9.1f}"
         print(f"{name:14s} {us:13.1f} {added:>9s}")
         previous = us

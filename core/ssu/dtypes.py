@@ -53,6 +53,13 @@ INDEX_DTYPES = ("int32", "int64")
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8, "int8": 1, "fp8_e4m3": 1, "int32": 4, "int64": 8}
 
 
+def state_slot_bytes(nheads: int, headdim: int, dstate: int, state_dtype: str) -> int:
+    """Bytes of one slot's state in one layer: H x P x N values of the state dtype, and for an
+    8-bit cache its H x P fp32 row scales."""
+    scales = nheads * headdim * 4 if state_dtype in QUANTIZED_STATE_DTYPES else 0
+    return nheads * headdim * dstate * ITEMSIZE[state_dtype] + scales
+
+
 def dtype_name(value: Any, *, what: str = "dtype") -> str:
     """Return the canonical short name of ``value`` (a string or a ``torch.dtype``).
 

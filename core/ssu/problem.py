@@ -115,10 +115,9 @@ class Problem:
 
     def state_bytes_per_slot(self) -> int:
         """Bytes of one slot's recurrent state in the cache dtype (its scales included)."""
-        from .dtypes import ITEMSIZE
+        from .dtypes import state_slot_bytes
 
-        scales = self.nheads * self.headdim * 4 if self.quantized else 0
-        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype] + scales
+        return state_slot_bytes(self.nheads, self.headdim, self.dstate, self.state_dtype)
 
     def shard(self, tp: int, rank: int, *, device: Optional[str] = None) -> "Problem":
         """The problem one rank of a ``tp``-way tensor-parallel layer holds: H / tp heads and

@@ -166,11 +166,17 @@ def commit(state: State, slots, num_accepted, record=None) -> None:
         _move_cursors(state, slots, num_accepted, moved)
     else:
         for layer in range(state.num_layers):
-            copy_drafts(_bits(state.cache[layer]), _bits(state.buffers["draft"][layer]), slots, num_accepted, moved)
-            if p.quantized:
-                copy_drafts(
-                    state.scales[layer].read[:, 0], state.buffers["draft_scale"][layer], slots, num_accepted, moved
-                )
+            for cache, drafts in draft_pairs(state, layer):
+                copy_drafts(_bits(cache), _bits(drafts), slots, num_accepted, moved)
+
+
+def draft_pairs(state: State, layer: int) -> list:
+    """``(engine tensor, drafts)`` a commit copies accepted drafts between, for one layer of an
+    adopted speculative state: the cache, and an 8-bit cache's row scales."""
+    pairs = [(state.cache[layer], state.buffers["draft"][layer])]
+    if state.problem.quantized:
+        pairs.append((state.scales[layer].read[:, 0], state.buffers["draft_scale"][layer]))
+    return pairs
 
 
 def _bits(t):

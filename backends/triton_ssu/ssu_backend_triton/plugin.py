@@ -131,12 +131,8 @@ def ssu_commit(ctx, state, slots, num_accepted):
             pdl=ctx.options.programmatic_launch is not False,
         )
         return
-    draft = state.buffers["draft"]
-    for layer, cache in enumerate(state.cache):
-        pairs = [(cache, draft[layer])]
-        if p.quantized:  # an 8-bit cache's row scales, copied with their rows
-            pairs.append((state.scales[layer].read[:, 0], state.buffers["draft_scale"][layer]))
-        for i, (target, drafts) in enumerate(pairs):
+    for layer in range(state.num_layers):
+        for i, (target, drafts) in enumerate(slot_state.draft_pairs(state, layer)):
             copy_drafts(
                 target,
                 drafts,

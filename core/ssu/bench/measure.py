@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import attrs
 
 from .. import traffic as step_traffic
-from ..dtypes import ITEMSIZE, QUANTIZED_STATE_DTYPES
+from ..dtypes import state_slot_bytes
 from ..errors import SSUError, SSUWarning
 
 #: each timed graph spans at least this many state bytes, so that the L2 (60 MB on an H200) stays cold
@@ -42,10 +42,8 @@ class Case:
 
     @property
     def slot_bytes(self) -> int:
-        """Bytes of one slot's state in one layer: H x P x N elements of the state dtype (and an
-        8-bit cache's H x P fp32 row scales)."""
-        scales = self.nheads * self.headdim * 4 if self.state_dtype in QUANTIZED_STATE_DTYPES else 0
-        return self.nheads * self.headdim * self.dstate * ITEMSIZE[self.state_dtype] + scales
+        """Bytes of one slot's state in one layer (an 8-bit cache's row scales included)."""
+        return state_slot_bytes(self.nheads, self.headdim, self.dstate, self.state_dtype)
 
     @property
     def state_traffic(self) -> int:

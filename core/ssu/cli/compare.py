@@ -139,9 +139,9 @@ def cmd_compare(args) -> int:
         print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
     print(
         "(ms/token: the median decode step after the first token, over 3 turns of each path; SSU share: "
-        "against a run whose SSU returns "
-        "zeros; SSU us/layer: that difference over the model's Mamba2 layers, which moves with the host between "
-        "runs; the SSU call's host time: the mixer's call made 200 times in a row, median of 7 runs)"
+        "against a run whose SSU returns zeros; SSU us/layer: that difference over the model's Mamba2 layers, "
+        "which moves with the host between runs; the SSU call's host time: the mixer's call made 200 times in "
+        "a row, median of 7 runs)"
     )
     return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG
 
