@@ -17,10 +17,12 @@ register, and the per-sequence work (slot, dt, B, C) done once for all of them. 
 brings a bf16 state to the bandwidth limit: with a program per tile, a bf16 tile waits for its
 loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
-An 8-bit cache (``QUANT`` 1 for int8, 2 for fp8 e4m3) is read with each row's fp32 scale and
-written with a fresh one: the row's largest magnitude over 127 or 448, its values rounded to
-nearest, ties to even, in fp32 before the store (``ssu.quant`` states the same rule), so the fp8
-cast itself is exact. The scales have their own pointers and slot, version and head strides;
+An 8-bit cache (``QUANT`` 1 for int8, 2 for fp8 e4m3, 3 for fp8 e4m3 in Triton's interpreter) is
+read with each row's fp32 scale and written with a fresh one: the row's largest magnitude over 127
+or 448, its values rounded to nearest, ties to even (``ssu.quant`` states the same rule). An 8-bit
+step has a quarter of an fp32 step's bytes to move, so its arithmetic must stay lean: no value
+goes through a conversion instruction or a division (``tiles.quantized_rows``).
+The scales have their own pointers and slot, version and head strides;
 rows are contiguous in them.
 
 Optional inputs (D, z, dt_bias) and softplus are runtime flags, not specialisations, so one

@@ -29,6 +29,14 @@ def kernel_call(jit, grid, compile_only: bool = False):
 
 #: the kernel's QUANT code of each 8-bit cache dtype (0: a floating-point cache)
 QUANT_CODES = {"torch.int8": 1, "torch.float8_e4m3fn": 2}
+#: fp8 in Triton's interpreter, whose e4m3 cast can drop a carry: rounded in fp32 before the cast
+QUANT_FP8_INTERPRETED = 3
+
+
+def quant_code(dtype) -> int:
+    """The kernel's QUANT code of an 8-bit cache dtype, here (interpreted or compiled)."""
+    code = QUANT_CODES[str(dtype)]
+    return QUANT_FP8_INTERPRETED if code == 2 and interpreting() else code
 
 
 def cdiv(a: int, b: int) -> int:
@@ -118,7 +126,7 @@ def arguments(
     if scales is not None:
         read_scale, write_scale = scales
         rss, wss = read_scale.stride(), write_scale.stride()
-        quant = QUANT_CODES[str(read.dtype)]
+        quant = quant_code(read.dtype)
     else:  # the scale parameters are not read: any tensor stands for them
         read_scale = write_scale = slots
         rss = wss = (0, 0, 0)

@@ -58,32 +58,40 @@ def rounded_state(
 @triton.jit
 def quantized_rows(s, QUANT: tl.constexpr):
     """``(q, scale)`` of an fp32 state tile quantised per row (``ssu.quant``): ``scale`` the row's
-    largest magnitude over QMAX (127 for ``QUANT`` 1, int8; 448 for 2, fp8 e4m3), ``q`` the row
-    over its scale in fp32 rounded to nearest, ties to even: to integers (int8) or to e4m3's
-    values (fp8, whose cast is then exact)."""
+    largest magnitude over QMAX (127 for int8, ``QUANT`` 1; 448 for fp8 e4m3, ``QUANT`` 2 and 3),
+    ``q`` the row times QMAX over that magnitude (one division a row, not one a value), rounded to
+    nearest, ties to even, in the cache dtype.
+
+    No value passes through the GPU's type-conversion units, which run at an eighth of its fp32
+    rate and would bound an 8-bit step: an int8 value is rounded by adding 1.5 * 2^23 (the fp32 sum
+    rounds to an integer, ties to even) and is the low byte of the sum's bits. fp8 takes the
+    hardware's packed cast (round to nearest even, saturating at 448); ``QUANT`` 3, for Triton's
+    interpreter, whose e4m3 cast can drop a carry, first rounds each value to e4m3's grid in fp32
+    (adding and subtracting 1.5 times 2^23 steps of the value's binade), so that its cast is exact."""
     if QUANT == 1:
         qmax = 127.0
     else:
         qmax = 448.0
-    scale = tl.max(tl.abs(s), axis=1) / qmax
-    v = tl.minimum(tl.maximum(s / tl.where(scale > 0, scale, 1.0)[:, None], -qmax), qmax)
-    if QUANT == 2:  # to e4m3's grid here, so that the cast is exact: the spacing of v's binade
-        exponent = ((v.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
-        exponent = tl.maximum(exponent, 127 - 6) - 3  # 3 mantissa bits; below 2^-6, e4m3's subnormal spacing
-        step = (exponent << 23).to(tl.float32, bitcast=True)
-        v = nearest_even(v / step) * step  # exact: step is a power of two
+    absmax = tl.max(tl.abs(s), axis=1)
+    scale = absmax * (1.0 / qmax)
+    inv = tl.where(absmax > 0, qmax / absmax, 0.0)
+    v = s * inv[:, None]
+    if QUANT == 1:
+        q = (v + 12582912.0).to(tl.int32, bitcast=True).to(tl.int8)
     else:
-        v = nearest_even(v)
-    return v, scale
+        if QUANT == 3:
+            binade = (v.to(tl.uint32, bitcast=True) >> 23) & 0xFF
+            binade = tl.maximum(binade, 127 - 6)  # below 2^-6, e4m3's subnormal spacing 2^-9
+            magic = (((binade + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2^23 * 2^(e-3)
+            v = (v + magic) - magic
+        q = v.to(tl.float8e4nv)
+    return q, scale
 
 
 @triton.jit
-def nearest_even(v):
-    """``v`` rounded to the nearest integer, ties to even (as torch.round), in fp32."""
-    f = tl.floor(v)
-    frac = v - f
-    odd = f - 2.0 * tl.floor(f * 0.5)  # 1 where f is odd: a tie goes to the even neighbour
-    return tl.where(frac > 0.5, f + 1.0, tl.where(frac < 0.5, f, f + odd))
+def int8_to_float(q):
+    """int8 values as fp32 without a conversion instruction: the bits of 1.5 * 2^23 + q, less 1.5 * 2^23."""
+    return (q.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
 
 
 @triton.jit
@@ -225,7 +233,10 @@ def load_state(
     tile = load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
     if QUANT > 0:
         scale = tl.load(scale_base + cur * sc_ver + offs_p, mask=offs_p < state_rows, other=0.0)
-        tile = tile.to(tl.float32) * scale[:, None]
+        if QUANT == 1:
+            tile = int8_to_float(tile) * scale[:, None]
+        else:
+            tile = tile.to(tl.float32) * scale[:, None]
     return tile
 
 
@@ -376,7 +387,7 @@ def update_rows(
             if QUANT > 0:
                 q, scale = quantized_rows(s, QUANT)
                 tl.store(wscale_base + dest * ws_ver + offs_p, scale, mask=offs_p < write_rows)
-                stored = q.to(write_ptr.dtype.element_ty)
+                stored = q
             else:
                 stored = rounded_state(s, write_ptr, seed + t, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
             tl.store(wbase + dest * w_ver + tile, stored, mask=state_mask)

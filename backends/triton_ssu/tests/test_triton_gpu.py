@@ -34,7 +34,12 @@ def test_8_bit_states_at_the_model_shape(state_dtype, tokens, adopt, gen):
     """Nemotron-H-8B's mixer shape with an 8-bit cache and its row scales, allocated and adopted,
     one token and four (drafts committed), against the reference."""
     p = cuda_problem(
-        "nemotron-h-8b", state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1, engine_state=adopt
+        "nemotron-h-8b",
+        state_dtype=state_dtype,
+        tokens_per_step=tokens,
+        speculative=tokens > 1,
+        engine_state=adopt,
+        num_slots=136,  # room for distinct destinations of a whole batch beside its sources
     )
     compare_steps(p, gen, steps=3, pad=3, layers=2, adopt=adopt, destinations=adopt and tokens == 1)
 
