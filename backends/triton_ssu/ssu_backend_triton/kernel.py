@@ -17,7 +17,7 @@ register, and the per-sequence work (slot, dt, B, C) done once for all of them. 
 brings a bf16 state to the bandwidth limit: with a program per tile, a bf16 tile waits for its
 loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
-An 8-bit cache (``QUANT`` 1 for int8, 2 for fp8 e4m3, 3 for fp8 e4m3 in Triton's interpreter) is
+An 8-bit cache (``QUANT`` 1 for int8, 2 for fp8 e4m3, 3 and 4 for them in Triton's interpreter) is
 read with each row's fp32 scale and written with a fresh one: the row's largest magnitude over 127
 or 448, its values rounded to nearest, ties to even (``ssu.quant`` states the same rule). An 8-bit
 step has a quarter of an fp32 step's bytes to move, so its arithmetic must stay lean: no value
@@ -216,7 +216,9 @@ def ssu_kernel(
     )
 
     if TILES == 1:  # one program per tile
-        s_raw = load_state(rbase, rscale, cur, r_ver, rs_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N, QUANT)
+        s_raw, s_scale = load_state(
+            rbase, rscale, cur, r_ver, rs_ver, s_p, first + rows, offs_n, state_rows, N, EVEN_N, QUANT
+        )
         update_rows(
             write_ptr,
             x_ptr,
@@ -239,6 +241,7 @@ def ssu_kernel(
             element,
             seed,
             s_raw,
+            s_scale,
             x0,
             z0,
             d0,
@@ -293,7 +296,9 @@ def ssu_kernel(
             x_i, z_i = row_inputs(
                 x_ptr, z_ptr, offs_p, row, head, 0, x_b, x_t, x_h, x_p, z_b, z_t, z_h, z_p, has_z, P, BRANCHLESS
             )
-            s_raw = load_state(rbase, rscale, cur, r_ver, rs_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N, QUANT)
+            s_raw, s_scale = load_state(
+                rbase, rscale, cur, r_ver, rs_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N, QUANT
+            )
             update_rows(
                 write_ptr,
                 x_ptr,
@@ -316,6 +321,7 @@ def ssu_kernel(
                 element,
                 seed,
                 s_raw,
+                s_scale,
                 x_i,
                 z_i,
                 d0,

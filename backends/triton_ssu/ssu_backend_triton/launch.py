@@ -29,14 +29,14 @@ def kernel_call(jit, grid, compile_only: bool = False):
 
 #: the kernel's QUANT code of each 8-bit cache dtype (0: a floating-point cache)
 QUANT_CODES = {"torch.int8": 1, "torch.float8_e4m3fn": 2}
-#: fp8 in Triton's interpreter, whose e4m3 cast can drop a carry: rounded in fp32 before the cast
-QUANT_FP8_INTERPRETED = 3
+#: added to the code in Triton's interpreter, which runs no inline PTX and whose e4m3 cast can
+#: drop a carry (:func:`ssu_backend_triton.tiles.quantized_rows`)
+QUANT_INTERPRETED = 2
 
 
 def quant_code(dtype) -> int:
     """The kernel's QUANT code of an 8-bit cache dtype, here (interpreted or compiled)."""
-    code = QUANT_CODES[str(dtype)]
-    return QUANT_FP8_INTERPRETED if code == 2 and interpreting() else code
+    return QUANT_CODES[str(dtype)] + (QUANT_INTERPRETED if interpreting() else 0)
 
 
 def cdiv(a: int, b: int) -> int:

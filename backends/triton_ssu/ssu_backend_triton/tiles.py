@@ -58,28 +58,29 @@ def rounded_state(
 @triton.jit
 def quantized_rows(s, QUANT: tl.constexpr):
     """``(q, scale)`` of an fp32 state tile quantised per row (``ssu.quant``): ``scale`` the row's
-    largest magnitude over QMAX (127 for int8, ``QUANT`` 1; 448 for fp8 e4m3, ``QUANT`` 2 and 3),
-    ``q`` the row times QMAX over that magnitude (one division a row, not one a value), rounded to
-    nearest, ties to even, in the cache dtype.
+    largest magnitude over QMAX (127 for int8, 448 for fp8 e4m3), ``q`` the row times QMAX over
+    that magnitude (one approximate division a row, not an IEEE division a value), rounded to
+    nearest, ties to even, in the cache dtype (``QUANT``: 1 int8, 2 fp8; 3 and 4 the same in
+    Triton's interpreter).
 
     No value passes through the GPU's type-conversion units, which run at an eighth of its fp32
     rate and would bound an 8-bit step: an int8 value is rounded by adding 1.5 * 2^23 (the fp32 sum
     rounds to an integer, ties to even) and is the low byte of the sum's bits. fp8 takes the
-    hardware's packed cast (round to nearest even, saturating at 448); ``QUANT`` 3, for Triton's
-    interpreter, whose e4m3 cast can drop a carry, first rounds each value to e4m3's grid in fp32
-    (adding and subtracting 1.5 times 2^23 steps of the value's binade), so that its cast is exact."""
-    if QUANT == 1:
+    hardware's packed cast (round to nearest even, saturating at 448); in the interpreter, whose
+    e4m3 cast can drop a carry, each value is first rounded to e4m3's grid in fp32 (adding and
+    subtracting 1.5 times 2^23 steps of the value's binade), so that the cast is exact."""
+    if QUANT % 2 == 1:
         qmax = 127.0
     else:
         qmax = 448.0
     absmax = tl.max(tl.abs(s), axis=1)
     scale = absmax * (1.0 / qmax)
-    inv = tl.where(absmax > 0, qmax / absmax, 0.0)
+    inv = tl.where(absmax > 0, tl.fdiv(qmax, absmax), 0.0)  # within 2 ulp: v stays below QMAX + 1/2
     v = s * inv[:, None]
-    if QUANT == 1:
+    if QUANT % 2 == 1:
         q = (v + 12582912.0).to(tl.int32, bitcast=True).to(tl.int8)
     else:
-        if QUANT == 3:
+        if QUANT == 4:
             binade = (v.to(tl.uint32, bitcast=True) >> 23) & 0xFF
             binade = tl.maximum(binade, 127 - 6)  # below 2^-6, e4m3's subnormal spacing 2^-9
             magic = (((binade + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2^23 * 2^(e-3)
@@ -89,9 +90,30 @@ def quantized_rows(s, QUANT: tl.constexpr):
 
 
 @triton.jit
-def int8_to_float(q):
-    """int8 values as fp32 without a conversion instruction: the bits of 1.5 * 2^23 + q, less 1.5 * 2^23."""
-    return (q.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+def int8_to_float(q, QUANT: tl.constexpr):
+    """int8 values as fp32 without a conversion instruction: the bits of 1.5 * 2^23 + 128 + q, less
+    1.5 * 2^23 + 128. Compiled (``QUANT`` 1), four values' sign bits are flipped in one logical
+    operation and each biased byte is placed in the constant's low byte by one byte permute
+    (inline PTX, which the interpreter cannot run: there, ``QUANT`` 3, by integer arithmetic)."""
+    if QUANT == 1:
+        bits = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t;
+            xor.b32 t, $4, 0x80808080;
+            prmt.b32 $0, t, 0x4B400000, 0x7650;
+            prmt.b32 $1, t, 0x4B400000, 0x7651;
+            prmt.b32 $2, t, 0x4B400000, 0x7652;
+            prmt.b32 $3, t, 0x4B400000, 0x7653;
+            }""",
+            "=r,=r,=r,=r,r",
+            [q],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        bits = (q.to(tl.int32) + 128) | 0x4B400000
+    return bits.to(tl.float32, bitcast=True) - 12583040.0
 
 
 @triton.jit
@@ -228,16 +250,19 @@ def load_state(
     EVEN_N: tl.constexpr,
     QUANT: tl.constexpr,
 ):
-    """The state tile of rows ``offs_p``: as stored, or for an 8-bit cache (``QUANT``) in fp32,
-    each row times its scale."""
+    """``(tile, row_scales)`` of rows ``offs_p``: the tile as stored and 1.0, or for an 8-bit cache
+    (``QUANT``) its values in fp32 and each row's scale, which the update folds into the state's
+    decay (one multiply a value fewer)."""
     tile = load_tile(base, cur, s_ver, s_p, offs_p, offs_n, state_rows, N, EVEN_N)
     if QUANT > 0:
         scale = tl.load(scale_base + cur * sc_ver + offs_p, mask=offs_p < state_rows, other=0.0)
-        if QUANT == 1:
-            tile = int8_to_float(tile) * scale[:, None]
+        if QUANT % 2 == 1:
+            tile = int8_to_float(tile, QUANT)
         else:
-            tile = tile.to(tl.float32) * scale[:, None]
-    return tile
+            tile = tile.to(tl.float32)
+    else:
+        scale = 1.0
+    return tile, scale
 
 
 @triton.jit
@@ -263,6 +288,7 @@ def update_rows(
     element,
     seed,
     s_raw,
+    s_scale,
     x0,
     z0,
     d0,
@@ -312,11 +338,12 @@ def update_rows(
     QUANT: tl.constexpr,
 ):
     """Update rows ``offs_p`` of one head of one sequence through the step's T tokens, from their
-    loaded state tile ``s_raw`` and token 0's inputs (B and C vectors, or tiles with
-    ``B_IN_TILE``), storing to ``wbase`` (``write_rows`` 0: nowhere; with ``QUANT``, an 8-bit
-    cache, each row quantised with a fresh scale stored to ``wscale_base``). Each later token's inputs
-    are loaded before the earlier token's stores, so their latency overlaps (the compiler may not
-    move a load past a store to memory it cannot prove distinct)."""
+    loaded state tile ``s_raw`` (times ``s_scale``, each row's scale of an 8-bit cache) and token
+    0's inputs (B and C vectors, or tiles with ``B_IN_TILE``), storing to ``wbase``
+    (``write_rows`` 0: nowhere; with ``QUANT``, an 8-bit cache, each row quantised with a fresh
+    scale stored to ``wscale_base``). Each later token's inputs are loaded before the earlier
+    token's stores, so their latency overlaps (the compiler may not move a load past a store to
+    memory it cannot prove distinct)."""
     mask_p = offs_p < P
     state_mask = tile_mask(offs_p, offs_n, write_rows, N, EVEN_N)
     tile = offs_p[:, None] * s_p + offs_n[None, :]
@@ -326,10 +353,16 @@ def update_rows(
         # an explicit fma: the compiler could otherwise contract either product, so the
         # state's last bit would depend on the launch shape
         if B_IN_TILE:
-            s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv)
+            inflow = (d * x)[:, None] * Bv
+        else:
+            inflow = (d * x)[:, None] * Bv[None, :]
+        if QUANT > 0 and t == 0:  # the rows' scales times the decay: dequantised in the same fma
+            s = tl.fma(s, (s_scale * tl.exp(a * d))[:, None], inflow)
+        else:
+            s = tl.fma(s, tl.exp(a * d), inflow)
+        if B_IN_TILE:
             y = tl.sum(s * Cv, axis=1)
         else:
-            s = tl.fma(s, tl.exp(a * d), (d * x)[:, None] * Bv[None, :])
             y = tl.sum(s * Cv[None, :], axis=1)
         if has_d:
             y += d_skip * x

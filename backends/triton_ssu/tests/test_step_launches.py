@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ssu_backend_triton import fast_launch, launch
-from ssu_backend_triton.launch import POINTERS, StepConstants, StepLaunches, arguments
+from ssu_backend_triton.launch import POINTERS, StepConstants, StepLaunches, arguments, quant_code
 from ssu_backend_triton.tuning import Schedule
 
 STREAM = 0x5EED
@@ -230,7 +230,7 @@ def test_an_8_bit_cache_passes_its_row_scales_and_keys_their_layout(recorder):
 
     call, scales = call_with_scales()
     launches(**call, scales=scales)
-    assert recorder.full[-1][2]["QUANT"] == 1
+    assert recorder.full[-1][2]["QUANT"] == quant_code(torch.int8)
     call, scales = call_with_scales()
     launches(**call, scales=scales)
     grid, args, kwargs = arguments(**call, seed=None, faults=launches.faults, scales=scales)
