@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import ssu
-from ssu import slot_state
+from ssu import quant, slot_state
 from ssu.reference.math import make_step, per_head
 from ssu.validation import contiguous_strides
 
@@ -226,6 +226,49 @@ class Bf16PrecisionFp32State(_Base):
         return out
 
 
+class _QuantizesWrongly(_Base):
+    """Writes an int8 state by a wrong rule (:meth:`quantize`) during its steps; ``write_state``
+    stays right."""
+
+    CAPABILITIES = dict(state_dtypes={"int8"})
+
+    def quantize(self, values, state_dtype):
+        raise NotImplementedError
+
+    def wrong(self, ctx, step, call):
+        right = quant.quantize
+        quant.quantize = self.quantize
+        try:
+            return step(**call)
+        finally:
+            quant.quantize = right
+
+
+class RoundsInt8TowardZero(_QuantizesWrongly):
+    """Truncates an int8 state's values instead of rounding them to nearest."""
+
+    NAME = "rounds-int8-toward-zero"
+
+    def quantize(self, values, state_dtype):
+        values = values.float()
+        scale = values.abs().amax(dim=-1) / 127
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.trunc(values / safe[..., None]).to(torch.int8), scale
+
+
+class OneScalePerHead(_QuantizesWrongly):
+    """Gives every row of a head the head's scale (its largest row's) instead of its own."""
+
+    NAME = "one-scale-per-head"
+
+    def quantize(self, values, state_dtype):
+        values = values.float()
+        head = values.abs().amax(dim=(-2, -1), keepdim=True) / 127
+        safe = torch.where(head > 0, head, torch.ones_like(head))
+        q = torch.round(values / safe).clamp_(-127, 127).to(torch.int8)
+        return q, head[..., 0].expand(values.shape[:-1]).contiguous()
+
+
 BROKEN = [
     WrongGate,
     TouchesNeighbour,
@@ -239,4 +282,6 @@ BROKEN = [
     ClampsDtAt20,
     Fp32OutputWhenNone,
     Bf16PrecisionFp32State,
+    RoundsInt8TowardZero,
+    OneScalePerHead,
 ]

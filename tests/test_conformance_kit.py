@@ -134,3 +134,38 @@ def test_the_core_guards_an_api_1_0_commit():
     after = kernel.read_state(state, slots)
     assert torch.equal(after[:2], before[:2])  # counts 3 and 0: left as they were
     assert not torch.equal(after[2], before[2])  # count 2: committed
+
+
+def test_the_kit_narrows_to_the_state_dtypes_asked_for():
+    """``state_dtypes`` draws every problem of every check in those dtypes only."""
+    from ssu.conformance import run_conformance
+
+    reports = run_conformance("reference", profile="quick", checks=["step", "decode"], state_dtypes=["int8"])
+    assert [r.status for r in reports] == ["pass", "pass"]
+    assert {case.problem.state_dtype for r in reports for case in r.ran} == {"int8"}
+
+
+def test_a_state_dtype_the_backend_lacks_is_refused_naming_what_it_declares():
+    from broken_backends import Bf16PrecisionFp32State
+
+    registry = registry_with(Bf16PrecisionFp32State)
+    with pytest.raises(ValueError, match="does not declare state dtype.*int8; it declares fp32"):
+        assert_conformant(Bf16PrecisionFp32State.NAME, registry=registry, state_dtypes=["int8"])
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("int9", "'int9' is not a dtype ssu knows"),
+        ("int8,fp64", "does not declare state dtype.*fp64"),
+    ],
+)
+def test_verify_refuses_a_state_dtype_it_cannot_draw(value, message, capsys):
+    from ssu.cli.main import main
+
+    assert main(["verify", "--backend", "reference", "--profile", "smoke", "--state-dtype", value]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    import re
+
+    assert re.search(message, err)

@@ -201,3 +201,21 @@ def test_ssu_compare_with_an_8_bit_cache_reports_token_agreement(capsys):
     assert main([*args, "--state-dtype", "int8", "--no-share"]) == 0
     out = capsys.readouterr().out
     assert "rounded after each step to an int8 cache's contents" in out and "tokens: 4/4 equal" in out
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED)
+def test_a_written_row_is_within_the_rounding_bound_and_truncation_is_not(dtype):
+    """The kit's per-value bound (oracle.rounding_bound) holds for the rule's own rounding of rows
+    that span many magnitudes; int8 rounded toward zero, or with one scale for a head, breaks it."""
+    from ssu.oracle import rounding_bound
+
+    gen = torch.Generator().manual_seed(5)
+    exact = torch.randn(3, 4, 16, 32, generator=gen, dtype=torch.float64)
+    exact *= torch.logspace(-6, 2, 16, dtype=torch.float64)[None, None, :, None]  # rows of every size
+    bound = rounding_bound(exact, dtype)
+    assert ((quant.stored(exact.float(), dtype).double() - exact).abs() <= bound).all()
+    if dtype == "int8":
+        row = exact.abs().amax(-1, keepdim=True) / QMAX[dtype]
+        head = exact.abs().amax(dim=(-2, -1), keepdim=True) / QMAX[dtype]
+        for wrong in (torch.trunc(exact / row) * row, torch.round(exact / head) * head):
+            assert ((wrong - exact).abs() > bound).any()

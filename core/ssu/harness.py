@@ -41,6 +41,23 @@ def expect_close(what: str, actual, expected, tol: float) -> None:
         raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}")
 
 
+def expect_rounded(what: str, actual, expected, state_dtype: str) -> None:
+    """Raise CheckFailure, naming ``what``, when a value of an 8-bit cache's state ``actual`` is
+    further from ``expected`` than its rounding allows (:func:`ssu.oracle.rounding_bound`)."""
+    import torch
+
+    a = actual.to(torch.float64)
+    e = expected.to(torch.float64)
+    excess = (a - e).abs() / oracle.rounding_bound(e, state_dtype)
+    worst = excess.max().item() if excess.numel() else 0.0
+    if not worst <= 1.0:
+        where = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+        raise CheckFailure(
+            f"{what}: value {where} is {(a - e)[where].item():.3e} from the exact state, {worst:.2f} times what "
+            f"rounding to {state_dtype} with its row's own scale allows (docs/spec.md, Quantised states)"
+        )
+
+
 def real_slots(problem):
     """The slots that hold sequences' states: every slot but a pad slot inside the cache (int64)."""
     import torch

@@ -125,6 +125,29 @@ def tolerances(problem, tokens: Optional[int] = None, state_precision: Optional[
     return output_tolerance(problem.input_dtype, T), state_tolerance(state, T)
 
 
+def rounding_bound(expected, state_dtype: str):
+    """Per value, how far an 8-bit cache may hold a state from ``expected`` (float64, rows along
+    the last axis) once written (docs/spec.md, "Quantised states"): half a step of the row's own
+    scale (int8: the row's largest magnitude over 127), or half e4m3's spacing at the value's
+    magnitude (fp8_e4m3: 2^-4 of the value, at least 2^-10 of a scale step), widened by 2^-10 of
+    itself for reciprocals within a few ulp, plus 2^-17 of the tensor's largest value for the fp32
+    arithmetic that produced the state. Per value, unlike :func:`rel_error`: a wrong scale (one
+    per head, a scale that never shrinks) or rounding toward zero keeps a small row within a budget
+    relative to the whole tensor, not within this one."""
+    import torch
+
+    from .dtypes import QMAX
+
+    e = expected.to(torch.float64)
+    row_step = e.abs().amax(dim=-1, keepdim=True) / QMAX[state_dtype]
+    if state_dtype == "int8":
+        half = 0.5 * row_step.expand_as(e)
+    else:
+        half = torch.maximum(e.abs() * 2.0**-4, row_step * 2.0**-10)
+    top = e.abs().max().item() if e.numel() else 0.0
+    return half * (1.0 + 2.0**-10) + 2.0**-17 * top
+
+
 def rel_error(actual, expected) -> float:
     """max |a - e| / max(max |e|, tiny): one number per tensor, robust to tiny entries."""
     import torch

@@ -372,6 +372,26 @@ def test_8_bit_states_with_row_scales(state, T, adopt, destinations, gen):
     compare_steps(p, gen, steps=2, pad=1, adopt=adopt, destinations=destinations)
 
 
+@pytest.mark.parametrize(
+    "checks",
+    [("step", "destinations", "adopted"), pytest.param(("decode",), marks=pytest.mark.slow)],
+    ids=["step", "decode"],
+)
+def test_8_bit_states_pass_the_kit_value_by_value(checks):
+    """The conformance kit narrowed to 8-bit states: every written value within half a step of
+    its own row's scale of the exact state (oracle.rounding_bound), as well as the budgets."""
+    from ssu.testing import assert_conformant
+
+    assert_conformant(
+        "triton",
+        checks=checks,
+        profile="smoke",
+        max_examples=3,
+        device=DEVICE,
+        state_dtypes=["int8", "fp8_e4m3"],
+    )
+
+
 def test_destination_slots_on_an_allocated_state(gen):
     compare_steps(problem(num_slots=11, pad_slot_id=0), gen, steps=3, pad=1, destinations=True)
 

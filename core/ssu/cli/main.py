@@ -72,6 +72,12 @@ def _parser() -> Parser:
     )
     p.add_argument("--examples", type=int, help="problems drawn per check (default: the profile's)")
     p.add_argument("--check", action="append", dest="checks", metavar="NAME", help="run only this check (repeatable)")
+    p.add_argument(
+        "--state-dtype",
+        dest="state_dtypes",
+        metavar="DTYPES",
+        help="draw problems of these state dtypes only, comma-separated (each one the backend declares)",
+    )
 
     p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
     p.add_argument("name", help="backend name, e.g. mykernel (the distribution is ssu-backend-NAME)")
@@ -296,6 +302,25 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
     raise BackendUnavailableError(f"no backend of {', '.join(config.candidates)} can run here: " + "; ".join(reasons))
 
 
+def _state_dtypes(value: Optional[str], capabilities, backend: str):
+    """``--state-dtype``'s dtypes (None when not given), each known and declared by the backend."""
+    from ..conformance.runner import narrowed
+    from ..dtypes import dtype_name
+    from ..errors import ConfigError
+
+    if value is None:
+        return None
+    try:
+        names = [dtype_name(v.strip(), what="--state-dtype") for v in value.split(",") if v.strip()]
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        narrowed(capabilities, names, backend)
+    except ValueError as exc:
+        raise UsageError(f"--state-dtype {value}: {exc}") from None
+    return names
+
+
 def cmd_verify(args) -> int:
     """Run the conformance checks on one backend and print what each ran, passed, skipped or failed."""
     import importlib.util
@@ -315,6 +340,7 @@ def cmd_verify(args) -> int:
     config = _config(args)
     registry = default_registry()
     name, device = _verified_backend(config, registry, args.device)
+    state_dtypes = _state_dtypes(args.state_dtypes, registry.load(name).spec.capabilities, name)
     chosen = "" if config.candidates == (name,) else f" (from {', '.join(config.candidates)})"
     profile = PROFILES[args.profile]
     examples = args.examples or profile.examples
@@ -351,6 +377,7 @@ def cmd_verify(args) -> int:
         checks=args.checks,
         max_examples=args.examples,
         on_report=show,
+        state_dtypes=state_dtypes,
     )
     failed = sum(r.status == "fail" for r in reports)
     skipped = sum(r.status == "skip" for r in reports)

@@ -30,7 +30,9 @@ def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4)
     g.add_argument("--headdim", type=int, help="P, head dimension")
     g.add_argument("--dstate", type=int, help="N, state dimension")
     g.add_argument("--ngroups", type=int, help="G, B/C groups")
-    g.add_argument("--state-dtype", default="fp32", help="state cache dtype: fp32, bf16, fp16 (default fp32)")
+    g.add_argument(
+        "--state-dtype", default="fp32", help="state cache dtype: fp32, bf16, fp16, int8, fp8_e4m3 (default fp32)"
+    )
     g.add_argument("--input-dtype", default="bf16", help="input dtype: bf16, fp16, fp32 (default bf16)")
     g.add_argument("--batch", type=int, default=batch_default, help=f"sequences per step (default {batch_default})")
     g.add_argument("--slots", type=int, help="cache slots (default: 2 x batch)")

@@ -21,6 +21,7 @@ from ..harness import (
     engine_cache,
     engine_scales,
     expect_close,
+    expect_rounded,
     logical_states,
     prepared,
     real_slots,
@@ -57,6 +58,14 @@ def _returned(case: Case, call: dict, result) -> None:
 def _budgets(kernel) -> tuple[float, float]:
     """(output, state) budgets of the kernel's problem, its declared state precision included."""
     return oracle.tolerances(kernel.problem, None, kernel.capabilities.state_precision)
+
+
+def _states_close(kernel, what: str, got, want, tol: float) -> None:
+    """New states within the state budget of the exact ones; for an 8-bit cache also each value
+    within its own rounding (its row's scale), which a budget relative to the tensor cannot see."""
+    expect_close(what, got, want, tol)
+    if kernel.problem.quantized:
+        expect_rounded(what, got, want, kernel.problem.state_dtype)
 
 
 def _no_fault(kernel) -> None:
@@ -125,7 +134,7 @@ def check_step(kernel, case: Case, gen) -> None:
     rows = torch.arange(b - pad, device=p.device)
     for layer, states in expected.items():
         got = kernel.read_state(state, real, layer)
-        expect_close(f"new states of layer {layer}", got, states[rows, pick], state_tol)
+        _states_close(kernel, f"new states of layer {layer}", got, states[rows, pick], state_tol)
     _unchanged(kernel, state, before, {layer: real for layer in expected})
     _no_fault(kernel)
 
@@ -160,7 +169,7 @@ def check_decode(kernel, case: Case, gen) -> None:
             accepted = _accepted(case, gen)
             kernel.commit(state, slots, accepted)
             pick = accepted[: b - pad].long() - 1
-        expect_close("states", kernel.read_state(state, real, 0), states[rows, pick], state_tol)
+        _states_close(kernel, "states", kernel.read_state(state, real, 0), states[rows, pick], state_tol)
     _unchanged(kernel, state, before, {0: real})
     _no_fault(kernel)
 
@@ -333,12 +342,14 @@ def check_guarded_ids(kernel, case: Case, gen) -> None:
             )
         moved = real[1:].long()
         rows = torch.arange(1, len(real), device=p.device)
-        expect_close("states after the commit", logical_states(kernel, state, 0)[moved], states[rows, 0], state_tol)
+        _states_close(
+            kernel, "states after the commit", logical_states(kernel, state, 0)[moved], states[rows, 0], state_tol
+        )
         _unchanged(kernel, state, before, {0: moved})
     else:
         if not p.speculative:
             got = logical_states(kernel, state, 0)[real.long()]
-            expect_close("states of the real rows", got, states[: len(real), 0], state_tol)
+            _states_close(kernel, "states of the real rows", got, states[: len(real), 0], state_tol)
         _unchanged(kernel, state, before, {0: real.long()} if not p.speculative else {})
 
 
@@ -366,7 +377,7 @@ def check_destinations(kernel, case: Case, gen) -> None:
     written = (dst != p.pad_slot_id) & (slots != p.pad_slot_id)
     targets = dst[written].long()
     got = logical_states(kernel, state, 0)[targets]
-    expect_close("states written to dst_slots", got, states[written, 0], state_tol)
+    _states_close(kernel, "states written to dst_slots", got, states[written, 0], state_tol)
     _unchanged(kernel, state, before, {0: targets})
     _no_fault(kernel)
 
@@ -418,7 +429,7 @@ def check_adopted(kernel, case: Case, gen) -> None:
         if caches[layer].data_ptr() != pointers[layer] or state.cache[layer] is not caches[layer]:
             raise CheckFailure("the adopted state does not hold the engine's tensor any more")
         got = cache_rows(p, caches[layer], scales and scales[layer], real)
-        expect_close(f"the engine's cache of layer {layer}", got, expected[layer][rows, pick], state_tol)
+        _states_close(kernel, f"the engine's cache of layer {layer}", got, expected[layer][rows, pick], state_tol)
         for name, now, before in (("cache", pages, pages_before), ("scales", scale_pages, scale_pages_before)):
             if not now:
                 continue

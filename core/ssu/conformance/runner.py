@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import Counter
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import attrs
 
@@ -92,6 +92,21 @@ def _verdict(loaded, problem, options) -> Optional[str]:
     return None
 
 
+def narrowed(capabilities, state_dtypes: Optional[Iterable[str]], backend: str):
+    """``capabilities`` with only ``state_dtypes`` (None: all it declares), so that the checks draw
+    problems of those dtypes only: a backend's author narrows the kit to the dtype at hand.
+    Raises ValueError for a dtype the backend does not declare, naming those it does."""
+    if state_dtypes is None:
+        return capabilities
+    wanted = frozenset(state_dtypes)
+    missing = sorted(wanted - capabilities.state_dtypes)
+    if missing or not wanted:
+        declared = ", ".join(sorted(capabilities.state_dtypes))
+        what = f"state dtype(s) {', '.join(missing)}" if missing else "no state dtype"
+        raise ValueError(f"backend {backend!r} does not declare {what}; it declares {declared}")
+    return attrs.evolve(capabilities, state_dtypes=wanted)
+
+
 def run_check(
     backend: str,
     check: str,
@@ -101,8 +116,10 @@ def run_check(
     registry,
     options: Optional[dict] = None,
     max_examples: Optional[int] = None,
+    state_dtypes: Optional[Iterable[str]] = None,
 ) -> CheckReport:
-    """Run one check on the profile's cases; never raises for what the backend does wrong."""
+    """Run one check on the profile's cases (with ``state_dtypes``, only problems of those state
+    dtypes); never raises for what the backend does wrong."""
     import torch
     from hypothesis import HealthCheck, given, reject, seed, settings
     from hypothesis.errors import Unsatisfiable
@@ -112,7 +129,7 @@ def run_check(
 
     spec = CHECKS[check]
     loaded = registry.load(backend)
-    caps = loaded.spec.capabilities
+    caps = narrowed(loaded.spec.capabilities, state_dtypes, backend)
     started = time.perf_counter()
     why_not = spec.applies(caps, device)
     if why_not:
@@ -206,16 +223,26 @@ def run_conformance(
     checks: Optional[list] = None,
     max_examples: Optional[int] = None,
     on_report: Optional[Callable[[CheckReport], None]] = None,
+    state_dtypes: Optional[Iterable[str]] = None,
 ) -> list[CheckReport]:
-    """Run the checks (default: all) on ``backend``; ``on_report`` sees each report as it is made."""
+    """Run the checks (default: all) on ``backend``; ``on_report`` sees each report as it is made;
+    ``state_dtypes`` narrows the drawn problems to those state dtypes (each one the backend declares)."""
     from ..registry import default_registry
 
     registry = default_registry() if registry is None else registry
     chosen = resolve_profile(profile)
+    narrowed(registry.load(backend).spec.capabilities, state_dtypes, backend)  # a dtype it lacks: before any check
     reports = []
     for name in checks or list(CHECKS):
         report = run_check(
-            backend, name, profile=chosen, device=device, registry=registry, options=options, max_examples=max_examples
+            backend,
+            name,
+            profile=chosen,
+            device=device,
+            registry=registry,
+            options=options,
+            max_examples=max_examples,
+            state_dtypes=state_dtypes,
         )
         reports.append(report)
         if on_report is not None:

@@ -38,8 +38,10 @@ def assert_conformant(
     device: Optional[str] = None,
     options: Optional[dict] = None,
     registry=None,
+    state_dtypes: Optional[Iterable[str]] = None,
 ) -> None:
-    """Run the conformance checks against installed (or registered) ``backend``.
+    """Run the conformance checks against installed (or registered) ``backend``; with
+    ``state_dtypes``, on problems of those state dtypes only (each one the backend declares).
 
     Raises ``AssertionError`` on the first wrong result (after hypothesis shrinks it),
     :class:`BackendCannotRunHere` when the backend is unavailable here and :class:`CheckSkipped`
@@ -68,6 +70,7 @@ def assert_conformant(
         profile=profile,
         checks=selected,
         max_examples=max_examples,
+        state_dtypes=state_dtypes,
     )
     for report in reports:
         if report.status == "fail":
