@@ -95,9 +95,14 @@ def candidates(problem) -> list[Schedule]:
     1 to 8 warps), those of 32 or more values a thread also with registers capped at 96 and 128;
     with one token, programs of 1 or 2 warps looping over a whole head's tiles (3 or 4 pipeline
     stages) or half of them (4 stages), tiles of 1024 or 2048 values at 16 or 32 values a thread
-    (the shapes that won on an H200; others were slower, docs/benchmarks.md)."""
+    (the shapes that won on an H200; others were slower, docs/benchmarks.md); for an 8-bit state
+    also tiles of up to 4096 values at 64 a thread."""
     block_n = next_pow2(problem.dstate)
     top = next_pow2(problem.headdim)
+    # an 8-bit tile holds a quarter of an fp32 one's bytes: looping programs may also take tiles
+    # of 4096 values at 64 a thread, so that a tile's row work (reductions, scales, the output's
+    # gate) is shared by more values
+    loop_per_thread, loop_values = ((16, 32, 64), 4096) if problem.quantized else ((16, 32), 2048)
     out = []
     for block_p in (1, 2, 4, 8, 16, 32, 64):
         if block_p > top or block_p * block_n > 16384 or block_p * block_n < 256:
@@ -112,9 +117,9 @@ def candidates(problem) -> list[Schedule]:
             if (
                 problem.tokens_per_step == 1
                 and warps <= 2
-                and per_thread in (16, 32)
+                and per_thread in loop_per_thread
                 and n_tiles > 1
-                and 1024 <= block_p * block_n <= 2048
+                and 1024 <= block_p * block_n <= loop_values
             ):
                 out += [Schedule(block_p, warps, n_tiles, 3), Schedule(block_p, warps, n_tiles, 4)]
                 if n_tiles % 2 == 0 and n_tiles > 2:

@@ -243,6 +243,12 @@ def test_tuning_helpers(tmp_path, monkeypatch):
     assert {s.maxnreg for s in schedules} == {0, 96, 128}
     assert all(s.block_p * 128 // (32 * s.num_warps) >= 32 for s in schedules if s.maxnreg)
     assert all(s.tiles * s.block_p < p.headdim + s.block_p for s in schedules)
+
+    def looping(q):  # (values a tile, values a thread) of the looping candidates
+        return {(s.block_p * 128, s.block_p * 128 // (32 * s.num_warps)) for s in tuning.candidates(q) if s.tiles > 1}
+
+    assert max(looping(bf16)) == (2048, 32)
+    assert (4096, 64) in looping(attrs.evolve(p, state_dtype="int8"))  # more values share a tile's row work
     path = tmp_path / "cache.json"
     tuning.write_cache(path, {"a": {"config": [8, 4, 1, 0, 96, 1, 1]}})
     tuning.write_cache(path, {"b": {"config": [16, 4, 1, 0, 96, 1]}, "c": "junk"})
