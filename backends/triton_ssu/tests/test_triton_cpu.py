@@ -378,6 +378,15 @@ def test_8_bit_states_with_row_scales(state, T, adopt, destinations, gen):
     compare_steps(p, gen, steps=2, pad=1, adopt=adopt, destinations=destinations)
 
 
+@pytest.mark.parametrize("state", ["int8", "fp8_e4m3"])
+def test_8_bit_states_in_programs_that_loop_over_tiles(state, gen):
+    """The schedule an 8-bit state takes from batch 8 on a GPU: programs looping over pipelined
+    tiles, each tile's rows with their own scales."""
+    p = problem(state_dtype=state, headdim=16, dstate=32, nheads=2, ngroups=1, num_slots=6, max_batch=3)
+    options = dict(block_p=4, num_warps=1, tiles_per_program=4, loop_stages=4)
+    compare_steps(p, gen, steps=2, pad=1, kernel_options=options)
+
+
 @pytest.mark.parametrize(
     "checks",
     [("step", "destinations", "adopted"), pytest.param(("decode",), marks=pytest.mark.slow)],
