@@ -44,6 +44,16 @@ def test_8_bit_states_at_the_model_shape(state_dtype, tokens, adopt, gen):
     compare_steps(p, gen, steps=3, pad=3, layers=2, adopt=adopt, destinations=adopt and tokens == 1)
 
 
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("block_p, warps, tiles", [(8, 1, 8), (16, 1, 4), (32, 2, 2)])
+def test_8_bit_states_in_each_looping_tile_shape(state_dtype, block_p, warps, tiles, gen):
+    """The looping schedules the tuner may keep for an 8-bit state (tiles of 1024 to 4096 values,
+    up to 64 a thread), pinned, against the reference at the model shape."""
+    p = cuda_problem("nemotron-h-8b", state_dtype=state_dtype, num_slots=136)
+    options = dict(block_p=block_p, num_warps=warps, tiles_per_program=tiles, loop_stages=4)
+    compare_steps(p, gen, steps=2, pad=3, layers=1, kernel_options=options)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_cuda_graph_capture_and_replay(tokens, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""
