@@ -166,6 +166,19 @@ def test_ssu_run_shows_the_error_of_an_int8_state(capsys):
     assert main([*args, "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "state=int8" in out and "max error" in out and "result          OK" in out
+    ratio = float(out.split("every written value within ")[1].split()[0])
+    assert 0 < ratio <= 1  # the worst value against its own rounding bound
+
+
+def test_a_decode_report_is_wrong_when_a_value_strays_from_its_rounding():
+    """``ssu run``'s verdict holds 8-bit values to their rows' rounding, not only to the budget."""
+    from ssu.decode import DecodeReport
+
+    p = small_problem(state_dtype="int8")
+    report = DecodeReport("x", p, 1, 1, 1, 0, seconds=1.0, checked_layer_steps=1, out_tolerance=1, state_tolerance=1)
+    assert report.ok
+    report.max_rounding = 1.5
+    assert not report.ok and "within 1.50 of what rounding to int8" in report.summary()
 
 
 def test_ssu_bench_smoke_runs_8_bit_states_allocated_and_adopted(capsys):

@@ -37,6 +37,9 @@ class DecodeReport:
     untouched_checked: int = 0
     untouched_changed: int = 0
     wall_seconds: float = 0.0
+    #: an 8-bit cache's worst value: its error over what rounding with its row's scale allows
+    #: (``oracle.rounding_bound``; at most 1 when right; None for a float cache)
+    max_rounding: Optional[float] = None
 
     @property
     def checked(self) -> bool:
@@ -49,6 +52,7 @@ class DecodeReport:
         return (
             self.max_out_error <= self.out_tolerance
             and self.max_state_error <= self.state_tolerance
+            and (self.max_rounding is None or self.max_rounding <= 1.0)
             and self.untouched_changed == 0
         )
 
@@ -80,6 +84,10 @@ class DecodeReport:
             if self.seconds
             else "",
             errors,
+            f"rounding        every written value within {self.max_rounding:.2f} of what rounding to "
+            f"{self.problem.state_dtype} with its row's scale allows (at most 1; docs/spec.md, Quantised states)"
+            if self.checked and self.max_rounding is not None
+            else "",
             f"untouched slots {self.untouched_checked} checked, {self.untouched_changed} changed",
             f"result          {result}",
         ]
@@ -174,9 +182,11 @@ def decode_run(
             pick = (accepted[: batch - pad_rows].long() - 1) if accepted is not None else torch.zeros_like(rows)
             for layer, states in enumerate(expected_states):
                 want = states[rows, pick]
-                report.max_state_error = max(
-                    report.max_state_error, oracle.rel_error(kernel.read_state(state, real, layer), want)
-                )
+                got = kernel.read_state(state, real, layer)
+                report.max_state_error = max(report.max_state_error, oracle.rel_error(got, want))
+                if p.quantized:
+                    ratio = ((got.double() - want).abs() / oracle.rounding_bound(want, p.state_dtype)).max().item()
+                    report.max_rounding = max(report.max_rounding or 0.0, ratio)
             report.checked_layer_steps += layers
         if progress is not None:
             progress(step_index + 1)
