@@ -474,3 +474,15 @@ def test_dropin_through_triton(gen):
     assert oracle.rel_error(cache[:3], states[:, 0]) < oracle.state_tolerance("fp32")
     assert torch.equal(cache[3:], before[3:])
     ssu.dropin.clear()
+
+
+def test_the_kernel_quantises_with_the_contract_s_qmax():
+    """The kernel spells QMAX as literals (constexpr code cannot read ssu.dtypes): they must be the
+    contract's."""
+    import inspect
+
+    from ssu.dtypes import QMAX
+    from ssu_backend_triton import tiles
+
+    source = inspect.getsource(tiles.quantized_rows)
+    assert f"qmax = {float(QMAX['int8'])}" in source and f"qmax = {float(QMAX['fp8_e4m3'])}" in source
