@@ -93,6 +93,16 @@ def test_table_json_and_plot(tmp_path):
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_table_says_what_each_state_dtype_buys_against_bf16():
+    rows = [row("triton", b, us, "bf16") for b, us in ((128, 138.5), (512, 535.8))]
+    rows += [row("triton", b, us, "int8") for b, us in ((128, 95.2), (512, 361.4), (1024, 719.2))]
+    rows += [row("triton", 128, 70.0, "bf16", adopt=True), row("flashinfer", 128, 100.0, "int8")]
+    lines = report.table(rows, 4.26, {}).splitlines()
+    assert "triton: state int8 against bf16, T=1, speedup by batch: 128 1.45x, 512 1.48x" in lines
+    assert not [line for line in lines if "flashinfer: state" in line or "adopted cache): state" in line]
+    assert report.state_speedups([row("triton", 8, 1.0)]) == []
+
+
 def test_a_cpu_smoke_run_over_two_backends_writes_all_outputs(tmp_path, capsys):
     """reference and triton (in its interpreter) with a fake timer: the whole command's output."""
     from ssu.cli.bench import cmd_bench

@@ -41,6 +41,7 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
             f"{c.backend:22s} {c.state_dtype:8s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
             f"{of_copy:>8s} {floor_us:>9s} {of_floor:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}"
         )
+    lines += state_speedups(rows)
     eager = sorted({r.case.backend for r in rows if r.timing == "eager"})
     if eager:
         lines.append(
@@ -49,6 +50,30 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
     for name, reason in refused.items():
         lines.append(f"{name:22s} not measured: {reason}")
     return "\n".join(lines)
+
+
+#: the state dtype every other one is compared with (each backend against its own)
+BASE_STATE = "bf16"
+
+
+def state_speedups(rows: list[Row], base: str = BASE_STATE) -> list[str]:
+    """Lines, one per backend, state dtype and token count measured beside ``base`` at the same
+    batches: how many times faster than the backend's own ``base`` state each batch runs (what a
+    smaller or larger state buys; adopted and allocated caches apart). Empty without such pairs."""
+    own = {
+        (r.case.backend, r.case.adopt, r.case.tokens, r.case.batch): r.us for r in rows if r.case.state_dtype == base
+    }
+    found: dict = {}
+    for r in sorted(rows, key=lambda r: r.case.batch):
+        c = r.case
+        ref = own.get((c.backend, c.adopt, c.tokens, c.batch))
+        if c.state_dtype != base and ref is not None:
+            found.setdefault((c.backend, c.adopt, c.state_dtype, c.tokens), []).append(f"{c.batch} {ref / r.us:.2f}x")
+    lines = []
+    for (backend, adopt, state, tokens), cells in sorted(found.items()):
+        name = f"{backend}{' (adopted cache)' if adopt else ''}"
+        lines.append(f"{name}: state {state} against {base}, T={tokens}, speedup by batch: {', '.join(cells)}")
+    return lines
 
 
 @attrs.frozen
