@@ -238,6 +238,53 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _tensor_guards():
+    """torch's C++ tensor-metadata guards (dynamo's), or None where this torch has none."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:  # pragma: no cover - every torch >= 2.1 has them
+        return None
+    return TensorGuards
+
+
+class _PythonLayout:
+    """What a torch without C++ tensor guards compares instead: each tensor's sizes, strides, dtype
+    and device, as Python values."""
+
+    def __init__(self, *tensors) -> None:
+        self.layout = self.of(tensors)
+
+    @staticmethod
+    def of(tensors) -> tuple:
+        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+
+    def check(self, *tensors) -> bool:
+        return self.of(tensors) == self.layout
+
+
+def layout_guard(tensors):
+    """An object whose ``check(*tensors)`` says whether other tensors have these tensors' exact
+    sizes, strides, dtypes and devices: torch's C++ guards (about a third of the Python
+    comparison's host time), else :class:`_PythonLayout`. A C++ guard never matches one tensor
+    passed twice, nor a tensor that needs gradients where this one did not: such calls launch in
+    full, never wrongly."""
+    guards = _tensor_guards()
+    if guards is not None:
+        try:
+            return guards(
+                *tensors,
+                dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                dynamic_dims_strides=[list(t.stride()) for t in tensors],
+            )
+        except Exception:  # a torch whose guards take other arguments: the Python comparison
+            pass
+    return _PythonLayout(*tensors)
+
+
+#: layouts kept per form of call (beyond it, the oldest is forgotten)
+LAYOUTS_PER_FORM = 8
+
+
 class StepLaunches:
     """One kernel's step launches, each made directly through Triton's C launcher
     (:func:`fast_launch.direct`) once a call with the same *layout* was launched the usual way.
@@ -245,10 +292,11 @@ class StepLaunches:
     An eager decode step launches one small kernel per layer; what it costs on the host, not the
     kernel, is then the SSU's share of a token. :func:`arguments` builds 70-odd arguments per call
     and ``jit[grid]`` or ``CompiledKernel[grid]`` add their own Python layers on top. Every
-    argument but the pointers is fixed by the call's layout: the shapes, strides and dtypes of
-    the tensors, which optional inputs are given, softplus, the constants, the schedule and the
-    current device. So a call whose layout was seen (and whose pointers are all 16-byte aligned,
-    as Triton assumed when it compiled the kernel) passes the kept argument tail with its
+    argument but the pointers is fixed by the call's layout: its *form* (which optional inputs are
+    given, which tensors are one, softplus, the constants, the schedule, the current device) and
+    the sizes, strides, dtypes and devices of its tensors, which a C++ guard compares
+    (:func:`layout_guard`). So a call whose layout was seen (and whose pointers are all 16-byte
+    aligned, as Triton assumed when it compiled the kernel) passes the kept argument tail with its
     tensors' addresses, and nothing is rebuilt. Any other call goes through :func:`launch` and
     keeps the layout for next time (not in the interpreter, nor where :func:`fast_launch.direct`
     declines).
@@ -260,7 +308,8 @@ class StepLaunches:
         # the kernel's own tensors, allocated once: their addresses do not change
         self.seed_ptr = None if seed is None else seed.data_ptr()
         self.faults_ptr = faults.data_ptr()
-        self.direct = {}  # layout -> (C launch, fixed launcher arguments, grid x, y, z, kernel args after the pointers)
+        #: form -> [(layout guard, (C launch, fixed launcher arguments, grid x, y, z, kernel args after the pointers))]
+        self.direct = {}
 
     def __call__(
         self,
@@ -286,37 +335,39 @@ class StepLaunches:
         """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
         ``faults``, which are this kernel's)."""
         device = _current_device() if _current_device is not None else None
-        key = (
+        tensors = (read, x, dt, A, B, C, slots, out)
+        if write is not read:
+            tensors += (write,)
+        if cursor is not None:
+            tensors += (cursor,)
+        if dst_slots is not None:
+            tensors += (dst_slots,)
+        if D is not None:
+            tensors += (D,)
+        if z is not None:
+            tensors += (z,)
+        if dt_bias is not None:
+            tensors += (dt_bias,)
+        if scales is not None:
+            tensors += (scales.read,) if scales.write is scales.read else (scales.read, scales.write)
+        form = (
             device,
-            x.shape,
-            x.stride(),
-            x.dtype,
-            dt.stride(),
-            dt.dtype,
-            A.stride(),
-            A.dtype,
-            B.shape,
-            B.stride(),
-            B.dtype,
-            C.stride(),
-            C.dtype,
-            slots.dtype,
-            None if dst_slots is None else dst_slots.dtype,
-            None if D is None else (D.stride(), D.dtype),
-            None if z is None else (z.stride(), z.dtype),
-            None if dt_bias is None else (dt_bias.stride(), dt_bias.dtype),
+            write is read,
+            cursor is None,
+            dst_slots is None,
+            D is None,
+            z is None,
+            dt_bias is None,
             dt_softplus,
-            out.stride(),
-            out.dtype,
-            read.stride(),
-            read.dtype,
-            write.stride(),
-            None if cursor is None else cursor.dtype,
-            None if scales is None else (scales.read.stride(), scales.write.stride()),
+            None if scales is None else scales.write is scales.read,
             consts,
             schedule,
         )
-        kept = self.direct.get(key)
+        kept = None
+        for guard, entry in self.direct.get(form, ()):
+            if guard.check(*tensors):
+                kept = entry
+                break
         if kept is not None:
             p_read, p_write, p_x, p_dt, p_A = (
                 read.data_ptr(),
@@ -350,9 +401,9 @@ class StepLaunches:
         )  # fmt: skip
         compiled = kernel_call(ssu_kernel, grid)(*args, **kwargs)
         if kept is None and compiled is not None and device is not None and _raw_stream is not None:
-            self._keep(key, compiled, grid, args, kwargs)
+            self._keep(form, tensors, compiled, grid, args, kwargs)
 
-    def _keep(self, key, compiled, grid, args, kwargs) -> None:
+    def _keep(self, form, tensors, compiled, grid, args, kwargs) -> None:
         names = list(getattr(ssu_kernel, "arg_names", ()))
         if len(names) != len(args) + len([n for n in names[len(args) :] if n in kwargs]):
             return  # a keyword Triton gets that is not a kernel parameter: launch as Triton does
@@ -366,4 +417,9 @@ class StepLaunches:
         tail = (*args[POINTERS:], *[kwargs[n] for n in names[len(args) :]])
         if len(self.direct) >= fast_launch.MAX_KEYS:
             self.direct.clear()
-        self.direct[key] = (c_launch, fixed, *grid, tail)
+        guard = layout_guard(tensors)
+        if not guard.check(*tensors):
+            return  # a layout its own guard refuses (one tensor passed twice): kept, it would only evict others
+        layouts = self.direct.setdefault(form, [])
+        layouts.insert(0, (guard, (c_launch, fixed, *grid, tail)))
+        del layouts[LAYOUTS_PER_FORM:]

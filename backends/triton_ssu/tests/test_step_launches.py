@@ -45,8 +45,11 @@ class Recorder:
         return (self.c_launch, FIXED) if self.direct_ok else None
 
 
-@pytest.fixture
-def recorder(monkeypatch):
+@pytest.fixture(params=["C++ guards", "Python layouts"])
+def recorder(request, monkeypatch):
+    """The stand-ins, with layouts compared by torch's C++ guards and by the Python fallback."""
+    if request.param == "Python layouts":
+        monkeypatch.setattr(launch, "_tensor_guards", lambda: None)
     rec = Recorder()
     monkeypatch.setattr(launch, "kernel_call", rec.kernel_call)
     monkeypatch.setattr(fast_launch, "direct", rec.find_direct)
@@ -242,3 +245,31 @@ def test_an_8_bit_cache_passes_its_row_scales_and_keys_their_layout(recorder):
     )
     launches(**make_call(gen))  # a floating-point cache: another layout
     assert len(recorder.full) == 2
+
+
+@pytest.mark.parametrize("change", ["z is x", "D needs gradients"])
+def test_a_tensor_passed_twice_or_needing_gradients_is_launched_right(recorder, change):
+    """A call passing one tensor as two inputs, or one that needs gradients, after a layout kept
+    for distinct tensors that need none: C++ guards never match it (a full launch), the Python
+    comparison may (a direct one); either way it launches with its own arguments."""
+    gen = torch.Generator().manual_seed(9)
+    faults = torch.zeros(1, dtype=torch.int64)
+    launches = StepLaunches(None, faults)
+    launches(**make_call(gen))
+    call = make_call(gen)
+    if change == "z is x":
+        call["z"] = call["x"]
+    else:
+        call["D"] = call["D"].clone().requires_grad_()
+    counts = len(recorder.full), len(recorder.direct)
+    launches(**call)
+    grid, expected = full_arguments(call, None, faults)
+    if len(recorder.direct) > counts[1]:
+        got = recorder.direct[-1][13:]
+    else:
+        assert len(recorder.full) == counts[0] + 1
+        _, args, kwargs = recorder.full[-1]
+        got = (*args, *[kwargs[n] for n in launch.ssu_kernel.arg_names[len(args) :]])
+        got = (*[t.data_ptr() for t in got[:POINTERS]], *got[POINTERS:])
+    assert got == (*[t.data_ptr() for t in expected[:POINTERS]], *expected[POINTERS:])
+    assert sum(len(kept) for kept in launches.direct.values()) <= 2  # nothing kept that evicts the rest
