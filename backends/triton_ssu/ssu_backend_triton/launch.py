@@ -335,19 +335,10 @@ class StepLaunches:
         """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
         ``faults``, which are this kernel's)."""
         device = _current_device() if _current_device is not None else None
-        tensors = (read, x, dt, A, B, C, slots, out)
+        tensors = (read, x, dt, A, B, C, slots, out)  # each once: a C++ guard never matches a tensor twice
         if write is not read:
             tensors += (write,)
-        if cursor is not None:
-            tensors += (cursor,)
-        if dst_slots is not None:
-            tensors += (dst_slots,)
-        if D is not None:
-            tensors += (D,)
-        if z is not None:
-            tensors += (z,)
-        if dt_bias is not None:
-            tensors += (dt_bias,)
+        tensors += tuple([t for t in (cursor, dst_slots, D, z, dt_bias) if t is not None])
         if scales is not None:
             tensors += (scales.read,) if scales.write is scales.read else (scales.read, scales.write)
         form = (
