@@ -23,7 +23,7 @@ for stage in "$@"; do
       setsid nohup python3 benchmarks/flashinfer_prebuild.py replayssm:fp32,1,15 replayssm:bf16,1,15 \
         >"$OUT/replayssm-build.log" 2>&1 < /dev/null & ;;
     prebuild) python3 benchmarks/flashinfer_prebuild.py "${SSU_MODULES[@]}" 2>&1 | tee "$OUT/prebuild.log" ;;
-    tests-triton) timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu 2>&1 \
+    tests-triton) timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py 2>&1 \
       | tee "$OUT/gpu-tests-triton.log" | tail -25 ;;
     tests-flashinfer) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider backends/flashinfer_ssu 2>&1 \
       | tee "$OUT/gpu-tests-flashinfer.log" | tail -25 ;;
