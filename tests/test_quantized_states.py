@@ -116,10 +116,11 @@ def test_an_adopted_cache_and_its_scales_are_stepped_in_place(dtype):
         (torch.ones(6, 4, 9), r"\(6, 4, 8\)"),
         ([torch.ones(6, 4, 8), torch.ones(6, 4, 8)], "2 layer\\(s\\) of scales for 1"),
         (torch.ones(6, 8, 4).transpose(1, 2), "contiguous"),
+        (torch.ones(4 * 8 + 5).as_strided((6, 4, 8), (1, 8, 1)), "slots would overlap"),
         ("scales", "expected a \\(num_slots, H, P\\) fp32 tensor"),
         (torch.ones(6, 4, 8, device="meta"), "meta"),
     ],
-    ids=["missing", "dtype", "shape", "layers", "strides", "type", "device"],
+    ids=["missing", "dtype", "shape", "layers", "strides", "overlapping", "type", "device"],
 )
 def test_bad_scales_are_refused_before_anything_is_written(scales, message):
     p = quantized_problem(num_slots=6)

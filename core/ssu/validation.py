@@ -461,18 +461,7 @@ class Checker:
                 (p.state_dtype,),
                 what=" (num_slots, heads, headdim, dstate) in Problem.state_dtype",
             )
-            strides = t.stride()
-            if strides[1:] != (P * N, N, 1) and t[:1].numel() > 1:
-                raise InputError(
-                    f"{name}: each slot's (heads, headdim, dstate) block must be contiguous (strides "
-                    f"{(P * N, N, 1)} after the slot's), got strides {strides}; keep the engine's cache "
-                    "in that layout (any slot stride is fine)"
-                )
-            if p.num_slots > 1 and strides[0] < H * P * N:
-                raise InputError(
-                    f"{name}: a slot stride of {strides[0]} values is less than one slot's {H * P * N}: "
-                    "slots would overlap; give each slot its own block"
-                )
+            _slot_blocks(name, t, "(heads, headdim, dstate) block", p.num_slots)
         return layers
 
     def scales(self, scales, num_layers: int) -> tuple:
@@ -508,12 +497,25 @@ class Checker:
             raise InputError(f"scales: {len(layers)} layer(s) of scales for {num_layers} layer(s) of cache")
         for name, t in zip(names, layers):
             self.tensor(name, t, (p.num_slots, H, P), ("fp32",), what=" (num_slots, heads, headdim), fp32")
-            if t.stride()[1:] != (P, 1) and t[:1].numel() > 1:
-                raise InputError(
-                    f"{name}: each slot's (heads, headdim) block of scales must be contiguous (strides "
-                    f"{(P, 1)} after the slot's), got strides {t.stride()}"
-                )
+            _slot_blocks(name, t, "(heads, headdim) block of scales", p.num_slots)
         return layers
+
+
+def _slot_blocks(name: str, t, block: str, num_slots: int) -> None:
+    """An adopted per-slot tensor (a cache, its scales) whose slots are contiguous blocks that do
+    not overlap (any slot stride from one block up), as a step writes them in place."""
+    strides, inner = t.stride(), contiguous_strides(t.shape[1:])
+    if strides[1:] != inner and t[:1].numel() > 1:
+        raise InputError(
+            f"{name}: each slot's {block} must be contiguous (strides {inner} after the slot's), got strides "
+            f"{strides}; keep the engine's tensor in that layout (any slot stride is fine)"
+        )
+    size = t[:1].numel()
+    if num_slots > 1 and strides[0] < size:
+        raise InputError(
+            f"{name}: a slot stride of {strides[0]} values is less than one slot's {size}: "
+            "slots would overlap; give each slot its own block"
+        )
 
 
 def _per_layer(value, name: str, dims: int):
