@@ -185,8 +185,8 @@ def decode_run(
                 got = kernel.read_state(state, real, layer)
                 report.max_state_error = max(report.max_state_error, oracle.rel_error(got, want))
                 if p.quantized:
-                    ratio = ((got.double() - want).abs() / oracle.rounding_bound(want, p.state_dtype)).max().item()
-                    report.max_rounding = max(report.max_rounding or 0.0, ratio)
+                    worst = oracle.rounding_excess(got, want, p.state_dtype).max().item()
+                    report.max_rounding = max(report.max_rounding or 0.0, worst)
             report.checked_layer_steps += layers
         if progress is not None:
             progress(step_index + 1)

@@ -46,14 +46,13 @@ def expect_rounded(what: str, actual, expected, state_dtype: str) -> None:
     further from ``expected`` than its rounding allows (:func:`ssu.oracle.rounding_bound`)."""
     import torch
 
-    a = actual.to(torch.float64)
-    e = expected.to(torch.float64)
-    excess = (a - e).abs() / oracle.rounding_bound(e, state_dtype)
+    excess = oracle.rounding_excess(actual, expected, state_dtype)
     worst = excess.max().item() if excess.numel() else 0.0
     if not worst <= 1.0:
         where = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+        off = actual[where].double().item() - expected[where].double().item()
         raise CheckFailure(
-            f"{what}: value {where} is {(a - e)[where].item():.3e} from the exact state, {worst:.2f} times what "
+            f"{what}: value {where} is {off:.3e} from the exact state, {worst:.2f} times what "
             f"rounding to {state_dtype} with its row's own scale allows (docs/spec.md, Quantised states)"
         )
 

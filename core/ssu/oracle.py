@@ -148,6 +148,15 @@ def rounding_bound(expected, state_dtype: str):
     return half * (1.0 + 2.0**-10) + 2.0**-17 * top
 
 
+def rounding_excess(actual, expected, state_dtype: str):
+    """Per value, how far ``actual`` (an 8-bit cache's state, read back) is from ``expected`` in
+    units of :func:`rounding_bound`: at most 1 everywhere when the cache holds it as the rule allows."""
+    import torch
+
+    e = expected.to(torch.float64)
+    return (actual.to(torch.float64) - e).abs() / rounding_bound(e, state_dtype)
+
+
 def rel_error(actual, expected) -> float:
     """max |a - e| / max(max |e|, tiny): one number per tensor, robust to tiny entries."""
     import torch
