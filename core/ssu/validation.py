@@ -22,8 +22,8 @@ from .records import State
 MAX_SIGNATURES = 16
 
 
-def _tensor_guards():
-    """torch's C++ tensor-metadata guard class, or None where this torch has none."""
+def tensor_guards():
+    """torch's C++ tensor-metadata guard class (dynamo's), or None where this torch has none."""
     try:
         from torch._C._dynamo.guards import TensorGuards
     except ImportError:  # pragma: no cover - every torch >= 2.1 has it
@@ -64,7 +64,7 @@ class Signatures:
 
         #: (position, first dimension) of the strides each signature holds
         self._static = tuple((_POSITIONS[n], d) for n, d in (STATIC_STRIDES if static is None else static).items())
-        self._guard_class = _tensor_guards() if use_guards else None
+        self._guard_class = tensor_guards() if use_guards else None
         #: what stands for an absent optional tensor, one each (the guards never match a tensor
         #: passed twice): callers pass these instead of None (:meth:`arguments` says how)
         self.placeholders = {n: torch.empty(0) for n in contract.TENSOR_NAMES if n in contract.OPTIONAL_TENSORS}

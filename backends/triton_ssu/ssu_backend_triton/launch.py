@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from ssu import validation
 from ssu.slot_kernels import pdl_capable
 
 from . import fast_launch
@@ -238,15 +239,6 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _tensor_guards():
-    """torch's C++ tensor-metadata guards (dynamo's), or None where this torch has none."""
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-    except ImportError:  # pragma: no cover - every torch >= 2.1 has them
-        return None
-    return TensorGuards
-
-
 class _PythonLayout:
     """What a torch without C++ tensor guards compares instead: each tensor's sizes, strides, dtype
     and device, as Python values."""
@@ -268,7 +260,7 @@ def layout_guard(tensors):
     comparison's host time), else :class:`_PythonLayout`. A C++ guard never matches one tensor
     passed twice, nor a tensor that needs gradients where this one did not: such calls launch in
     full, never wrongly."""
-    guards = _tensor_guards()
+    guards = validation.tensor_guards()
     if guards is not None:
         try:
             return guards(
