@@ -47,6 +47,31 @@ class StepFn(Protocol):
     ) -> "Tensor": ...
 
 
+class LaneFn(Protocol):
+    """Later one-token steps of one layout, launched with less host work (plugin API 1.6,
+    optional): what a step callable's ``lane`` attribute returns, ``step.lane(state, layer, x, dt,
+    A, B, C, slots, D, z, dt_bias, dt_softplus)``, for calls with that call's state, layer and
+    slots and the same sizes, strides, dtypes and devices of the other tensors (None where the
+    backend has no faster path for it). Called with what changes between decode steps, it does
+    what ``step(state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, None, layer)`` does and
+    returns the output it allocated, or returns None, having done nothing, for a call it declines
+    (another layout, another current device, an address it cannot take): the caller then calls
+    the step. An eager decode at small batch pays an SSU call's host time, not its kernel's."""
+
+    def __call__(
+        self,
+        x: "Tensor",
+        dt: "Tensor",
+        A: "Tensor",
+        B: "Tensor",
+        C: "Tensor",
+        D: Optional["Tensor"],
+        z: Optional["Tensor"],
+        dt_bias: Optional["Tensor"],
+        dt_softplus: bool,
+    ) -> Optional["Tensor"]: ...
+
+
 class CommitFn(Protocol):
     """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last step."""
 

@@ -46,6 +46,11 @@ class _Adopted:
     step: Any = None  # kernel.step
     max_batch: int = 0
     pad_slot_id: int = -1
+    #: the kernel's lanes (``Kernel.lane``) for the layouts of recent calls without slot ids or out,
+    #: most recent first
+    lanes: list = attrs.Factory(list)
+    #: lanes asked for so far; none is asked for beyond :data:`LANE_BINDS`
+    binds: int = 0
 
     def __attrs_post_init__(self) -> None:
         self.step = self.kernel.step
@@ -97,13 +102,40 @@ def selective_state_update(
     b = x.shape[0]
     if entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id:
         entry = _prepare(state, x, B, pad_slot_id, config)
+    plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
+    if plain:  # a model's decode call: the kernel's faster path for a layout seen before, if any
+        for lane in entry.lanes:
+            y = lane(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+            if y is not None:
+                return y
     if state_batch_indices is None:
         state_batch_indices = _rows.get((b, entry.kernel.problem.device))
         if state_batch_indices is None:
             state_batch_indices = _default_rows(b, entry, pad_slot_id)
-    return entry.step(
+    y = entry.step(
         entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0, dst_state_batch_indices
     )
+    if plain and entry.binds < LANE_BINDS:
+        _bind_lane(entry, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus)
+    return y
+
+
+#: lanes asked of a kernel per adopted tensor, at most (a layout its lanes keep declining, such as
+#: unaligned inputs, stops being asked for one), and lanes kept per adopted tensor
+LANE_BINDS, LANES = 16, 4
+
+
+def _bind_lane(entry: _Adopted, *call) -> None:
+    """Ask the kernel for a lane for the layout of the call just stepped (``Kernel.lane``) and keep
+    it first; a kernel without lanes is not asked again."""
+    entry.binds += 1
+    lane = entry.kernel.lane(entry.state, *call)
+    if lane is None:
+        if not entry.lanes:
+            entry.binds = LANE_BINDS
+        return
+    entry.lanes.insert(0, lane)
+    del entry.lanes[LANES:]
 
 
 def _default_rows(b: int, entry: _Adopted, pad_slot_id: int):

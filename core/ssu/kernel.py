@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 from . import devices, faults
 from .config import Config, load_config
 from . import contract
-from .contract import StepFn, check_step
+from .contract import LaneFn, StepFn, check_step
 from .errors import BackendError, ConfigError, InputError
 from .problem import Problem
 from .records import Context, State
@@ -123,6 +123,42 @@ class Kernel:
         self._launch_index = devices.launch_index(ctx.problem.device)
         self.step = devices.on_index(step, self._launch_index)
         self._commit_keys: set = set()
+
+    def lane(
+        self,
+        state: State,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        slots,
+        D=None,
+        z=None,
+        dt_bias=None,
+        dt_softplus: bool = False,
+        layer: int = 0,
+    ) -> Optional[LaneFn]:
+        """The backend's faster path for later one-token calls like this one, or None
+        (:class:`ssu.contract.LaneFn`): call it with what changes between decode steps, ``lane(x,
+        dt, A, B, C, D, z, dt_bias, dt_softplus)``, and call :attr:`step` when it returns None.
+        Bind it after this call went through :attr:`step` once (a backend binds only layouts it
+        has launched). With validation on this call is checked in full first, and the lane then
+        checks every later call's layout against it, which is what the step's once-per-signature
+        check amounts to; no lane is given with ``validate = "full"`` (slot values are checked
+        every call), for a backend that leaves slot ids outside the cache to the core, or where
+        launches switch devices. A lane leaves the layer out of the commit's account of stepped
+        layers: for one-token steps without speculation, which commit nothing."""
+        bind = getattr(self.raw_step, "lane", None)
+        api = tuple(int(p) for p in self._loaded.spec.api_version.split(".")[:2])
+        if bind is None or api < (1, 6) or self.problem.multi_token or self._launch_index is not None:
+            return None
+        if self.config.validate == "full" or (self.config.validate and not self.capabilities.guards_slots):
+            return None
+        if self.config.validate:
+            call = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, slots=slots, D=D, z=z, dt_bias=dt_bias)
+            self._checker.step(dict(call, dt_softplus=dt_softplus, out=None, layer=layer, dst_slots=None))
+        return bind(state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus)
 
     # lifecycle ---------------------------------------------------------------------------------
     def allocate_state(self, num_layers: int = 1) -> State:

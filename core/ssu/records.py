@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: and the precision of its states (``Capabilities.state_precision``); 1.4 added the hook
 #: ``ssu_traffic`` (the bytes a step moves, for the traffic floor ``ssu bench`` reports); 1.5
 #: added quantised state dtypes (``int8``, ``fp8_e4m3``: served only where ``state_dtypes``
-#: names them), their row scales (``State.scales``) and ``ssu_adopt_state``'s ``scales``.
-PLUGIN_API_VERSION = "1.5"
+#: names them), their row scales (``State.scales``) and ``ssu_adopt_state``'s ``scales``; 1.6
+#: added the step callable's optional ``lane`` (:class:`ssu.contract.LaneFn`).
+PLUGIN_API_VERSION = "1.6"
 
 
 def _frozen(values) -> frozenset:

@@ -177,7 +177,25 @@ class Launcher:
                 seed.add_(1)
             return out
 
+        def lane(state, layer, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False):
+            """Plugin API 1.6's optional lane (``ssu.contract.LaneFn``): later one-token calls of
+            this call's layout on ``state``'s ``layer`` and ``slots`` launched directly
+            (:meth:`~ssu_backend_triton.launch.StepLaunches.lane`); None when this layout has not
+            been launched yet, or with stochastic rounding (its seed moves every step)."""
+            if seed is not None or is_compiling():
+                return None
+            schedule = table[x.shape[0]]
+            read, write = state.views[layer]
+            cursor = state.buffers.get("cursor")
+            scales = state.scales[layer] if quantized else None
+            run = launches.lane(
+                read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts[cursor is not None],
+                schedule, scales,
+            )  # fmt: skip
+            return run
+
         step.launches = launches  # what it launches directly (benchmarks inspect it)
+        step.lane = lane
         return step
 
     # warmup helpers ------------------------------------------------------------------------------

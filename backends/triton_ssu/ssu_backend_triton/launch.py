@@ -4,6 +4,7 @@ one place, shared by the eager step and the custom op that torch.compile traces.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import NamedTuple
 
 import torch
@@ -277,6 +278,32 @@ def layout_guard(tensors):
 LAYOUTS_PER_FORM = 8
 
 
+def _layout(device, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts,
+            schedule, scales):  # fmt: skip
+    """A call's *form* (:class:`StepLaunches`) and the tensors whose layout a kept launch is for,
+    each once (a C++ guard never matches one tensor passed twice)."""
+    tensors = (read, x, dt, A, B, C, slots, out)
+    if write is not read:
+        tensors += (write,)
+    tensors += tuple([t for t in (cursor, dst_slots, D, z, dt_bias) if t is not None])
+    if scales is not None:
+        tensors += (scales.read,) if scales.write is scales.read else (scales.read, scales.write)
+    form = (
+        device,
+        write is read,
+        cursor is None,
+        dst_slots is None,
+        D is None,
+        z is None,
+        dt_bias is None,
+        dt_softplus,
+        None if scales is None else scales.write is scales.read,
+        consts,
+        schedule,
+    )
+    return form, tensors
+
+
 class StepLaunches:
     """One kernel's step launches, each made directly through Triton's C launcher
     (:func:`fast_launch.direct`) once a call with the same *layout* was launched the usual way.
@@ -327,25 +354,10 @@ class StepLaunches:
         """Launch one step of one layer (the arguments of :func:`arguments` but ``seed`` and
         ``faults``, which are this kernel's)."""
         device = _current_device() if _current_device is not None else None
-        tensors = (read, x, dt, A, B, C, slots, out)  # each once: a C++ guard never matches a tensor twice
-        if write is not read:
-            tensors += (write,)
-        tensors += tuple([t for t in (cursor, dst_slots, D, z, dt_bias) if t is not None])
-        if scales is not None:
-            tensors += (scales.read,) if scales.write is scales.read else (scales.read, scales.write)
-        form = (
-            device,
-            write is read,
-            cursor is None,
-            dst_slots is None,
-            D is None,
-            z is None,
-            dt_bias is None,
-            dt_softplus,
-            None if scales is None else scales.write is scales.read,
-            consts,
-            schedule,
-        )
+        form, tensors = _layout(
+            device, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, dst_slots, consts,
+            schedule, scales,
+        )  # fmt: skip
         kept = None
         for guard, entry in self.direct.get(form, ()):
             if guard.check(*tensors):
@@ -385,6 +397,78 @@ class StepLaunches:
         compiled = kernel_call(ssu_kernel, grid)(*args, **kwargs)
         if kept is None and compiled is not None and device is not None and _raw_stream is not None:
             self._keep(form, tensors, compiled, grid, args, kwargs)
+
+    def lane(self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts, schedule, scales):
+        """A launcher of later one-token calls of this one's layout on the same state views and
+        slots, taking only what changes between decode steps, ``(x, dt, A, B, C, D, z, dt_bias,
+        dt_softplus)``, and returning the output it allocates, or None for a call it declines (another layout, a
+        pointer not 16-byte aligned, another current device): then launch as usual. None where
+        this call's layout has no direct launch kept (launch it first).
+
+        What :meth:`__call__` works out per call is worked out here once: the form, the kept
+        launch, the addresses of the state views, slots, scales and fault record. A call through
+        the lane compares its eight tensors with one C++ guard and reads their addresses: the
+        host time left is that, the output's allocation and the launcher's own. Its ``softplus``
+        is this call's ``dt_softplus``."""
+        if _current_device is None or _raw_stream is None:
+            return None
+        device = _current_device()
+        out = torch.empty_like(x)
+        form, tensors = _layout(
+            device, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, None, consts,
+            schedule, scales,
+        )  # fmt: skip
+        kept = next((entry for guard, entry in self.direct.get(form, ()) if guard.check(*tensors)), None)
+        if kept is None:
+            return None
+        c_launch, fixed, gx, gy, gz, tail = kept
+        p_read, p_write, p_slots = read.data_ptr(), write.data_ptr(), slots.data_ptr()
+        p_cursor = p_slots if cursor is None else cursor.data_ptr()
+        p_seed = p_slots if self.seed is None else self.seed_ptr
+        p_rscale = p_wscale = p_slots
+        if scales is not None:
+            p_rscale, p_wscale = scales.read.data_ptr(), scales.write.data_ptr()
+        if (p_read | p_write | p_slots | p_cursor | p_seed | p_rscale | p_wscale) & 15:
+            return None
+        p_faults = self.faults_ptr
+        no_D, no_z, no_bias = D is None, z is None, dt_bias is None
+        given = [i for i, t in enumerate((x, dt, A, B, C, D, z, dt_bias)) if t is not None]
+        pick = operator.itemgetter(*given)
+        guard = layout_guard(pick((x, dt, A, B, C, D, z, dt_bias)))
+        check, empty_like, raw_stream = guard.check, torch.empty_like, _raw_stream
+
+        def run(*call):
+            x, dt, A, B, C, D, z, dt_bias, softplus = call
+            if (
+                softplus != dt_softplus
+                or (D is None) is not no_D
+                or (z is None) is not no_z
+                or (dt_bias is None) is not no_bias
+                or _current_device() != device
+                or not check(*pick(call))
+            ):
+                return None
+            out = empty_like(x)
+            p_x, p_dt, p_A, p_B, p_C, p_out = (
+                x.data_ptr(),
+                dt.data_ptr(),
+                A.data_ptr(),
+                B.data_ptr(),
+                C.data_ptr(),
+                out.data_ptr(),
+            )
+            p_D = p_A if no_D else D.data_ptr()
+            p_z = p_x if no_z else z.data_ptr()
+            p_dt_bias = p_A if no_bias else dt_bias.data_ptr()
+            if (p_x | p_dt | p_A | p_B | p_C | p_D | p_z | p_dt_bias | p_out) & 15:
+                return None
+            # fmt: off
+            c_launch(gx, gy, gz, raw_stream(device), *fixed, p_read, p_write, p_cursor, p_x, p_dt, p_A, p_B, p_C,
+                     p_slots, p_slots, p_D, p_z, p_dt_bias, p_out, p_seed, p_faults, p_rscale, p_wscale, *tail)
+            # fmt: on
+            return out
+
+        return run
 
     def _keep(self, form, tensors, compiled, grid, args, kwargs) -> None:
         names = list(getattr(ssu_kernel, "arg_names", ()))

@@ -274,3 +274,66 @@ def test_a_tensor_passed_twice_or_needing_gradients_is_launched_right(recorder, 
         got = (*[t.data_ptr() for t in got[:POINTERS]], *got[POINTERS:])
     assert got == (*[t.data_ptr() for t in expected[:POINTERS]], *expected[POINTERS:])
     assert sum(len(kept) for kept in launches.direct.values()) <= 2  # nothing kept that evicts the rest
+
+
+LANE_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
+
+
+def lane_for(launches, call):
+    """``launches.lane`` bound with ``call``'s state views, slots and constants."""
+    fixed = {k: v for k, v in call.items() if k not in ("out", "dst_slots")}
+    return launches.lane(scales=None, **fixed)
+
+
+def test_a_lane_passes_what_the_direct_launch_passes(recorder):
+    gen = torch.Generator().manual_seed(6)
+    faults = torch.zeros(1, dtype=torch.int64)
+    launches = StepLaunches(None, faults)
+    first = make_call(gen)
+    assert lane_for(launches, first) is None  # nothing launched in this layout yet
+    launches(**first)
+    lane = lane_for(launches, first)
+    assert lane is not None
+    for _ in range(3):
+        call = make_call(gen)
+        call.update(read=first["read"], write=first["write"], slots=first["slots"])  # the lane's own
+        out = lane(*[call[k] for k in LANE_INPUTS])
+        assert out.shape == call["x"].shape and out.dtype == call["x"].dtype
+        via_lane = recorder.direct[-1]
+        call["out"] = out
+        launches(**call)  # the direct launch of the same call
+        assert via_lane == recorder.direct[-1]
+    assert len(recorder.full) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["another layout", "z given", "no softplus", "unaligned", "another device"],
+)
+def test_a_lane_declines_what_it_was_not_bound_for(recorder, monkeypatch, change):
+    gen = torch.Generator().manual_seed(7)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    first = make_call(gen, z=False)
+    launches(**first)
+    lane = lane_for(launches, first)
+    call = make_call(gen, z=False, b=2 if change == "another layout" else 3)
+    if change == "z given":
+        call["z"] = torch.randn(3, 4, 16, generator=gen).to(torch.bfloat16)
+    if change == "no softplus":
+        call["dt_softplus"] = False
+    if change == "unaligned":
+        x = call["x"]
+        call["x"] = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    if change == "another device":
+        monkeypatch.setattr(launch, "_current_device", lambda: 1)
+    assert lane(*[call[k] for k in LANE_INPUTS]) is None
+    assert not recorder.direct
+
+
+def test_no_lane_without_the_direct_launcher(recorder, monkeypatch):
+    gen = torch.Generator().manual_seed(8)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    call = make_call(gen)
+    launches(**call)
+    monkeypatch.setattr(launch, "_raw_stream", None)
+    assert lane_for(launches, call) is None

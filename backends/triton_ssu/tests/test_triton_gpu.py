@@ -327,6 +327,47 @@ def test_dropin_in_a_cuda_graph(gen):
     ssu.dropin.clear()
 
 
+def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch):
+    """A model's decode calls (no slot ids, no out) through the drop-in's lanes, with batches that
+    alternate and an unaligned x the lane declines, write the same bits, outputs and cache, as the
+    same calls through the step alone, and agree with the reference."""
+    H, P, N, G = SHAPES["nemotron-h-8b"]
+    caches = {name: torch.randn(8, H, P, N, device="cuda") for name in ("lanes", "step", "reference")}
+    caches["step"].copy_(caches["lanes"])
+    caches["reference"].copy_(caches["lanes"])
+    A = (-torch.rand(H, device="cuda") - 1)[:, None, None].expand(-1, P, N)
+    D = torch.randn(H, device="cuda")[:, None].expand(-1, P)
+    dt_bias = (torch.rand(H, device="cuda") - 2)[:, None].expand(-1, P)
+    outs: dict = {name: [] for name in caches}
+    calls = []
+    for b in [1, 1, 1, 3, 3, 1, 3, 1]:
+        x = torch.randn(b, H, P, device="cuda")
+        dt = torch.randn(b, 1, H, device="cuda").transpose(1, 2).expand(-1, -1, P)
+        B, C = (torch.randn(b, G, N, device="cuda") for _ in range(2))
+        calls.append((x, dt, B, C))
+    unaligned = torch.empty(H * P + 1, device="cuda")[1:].view(1, H, P)
+    calls.append((unaligned.copy_(calls[0][0]), *calls[0][1:]))
+    for name in caches:
+        ssu.dropin.clear()
+        monkeypatch.setattr(ssu.dropin, "LANE_BINDS", 0 if name == "step" else 16)
+        config = ssu.Config(backend="triton" if name != "reference" else "reference")
+        for x, dt, B, C in calls:
+            out = ssu.selective_state_update(
+                caches[name], x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True, config=config
+            )
+            outs[name].append(out)
+        if name == "lanes":
+            (entry,) = ssu.dropin._adopted.values()
+            assert len(entry.lanes) >= 2  # one per batch at least
+    torch.cuda.synchronize()
+    assert torch.equal(caches["lanes"], caches["step"])
+    for got, want, ref in zip(outs["lanes"], outs["step"], outs["reference"]):
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches["lanes"], caches["reference"], rtol=1e-4, atol=1e-4)
+    ssu.dropin.clear()
+
+
 def _compiled(jit_fn) -> int:
     """Binaries Triton holds for ``jit_fn`` on every device."""
     return sum(len(entry[0]) for entry in jit_fn.device_caches.values())
