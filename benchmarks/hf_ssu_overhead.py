@@ -149,14 +149,17 @@ def kept_launch(kernel, raw):
         return None
     raw()
     captured = []
-    saved = dict(launches.direct)
-    for key, (c_launch, *rest) in saved.items():
+    saved = {form: list(layouts) for form, layouts in launches.direct.items()}
 
-        def capture(*a, c_launch=c_launch):
+    def capturing(c_launch):
+        def capture(*a):
             captured.append((c_launch, a))
             return c_launch(*a)
 
-        launches.direct[key] = (capture, *rest)
+        return capture
+
+    for form, layouts in saved.items():
+        launches.direct[form] = [(guard, (capturing(c_launch), *rest)) for guard, (c_launch, *rest) in layouts]
     raw()
     launches.direct.update(saved)
     if not captured:

@@ -162,15 +162,31 @@ def test_refusals_leave_the_model_unpatched():
         integration.patch(torch.nn.Linear(2, 2))
 
 
-def test_compare_prints_both_paths_and_the_ssu_per_layer(capsys):
+def test_compare_prints_both_paths_and_the_ssu_call_where_it_runs(capsys):
     from ssu.cli.main import main
 
     assert main(["compare", "--arch", "mamba2", "--layers", "2", "--new-tokens", "4", "--backend", "reference"]) == 0
     out = capsys.readouterr().out
-    assert "SSU us/layer" in out and "ssu (reference)" in out and "transformers" in out
+    assert "SSU call us" in out and "above zeros" in out
+    assert "ssu (reference)" in out and "transformers" in out and "zeros (no SSU)" in out
     assert "tokens: 4/4 equal (100.0 %)" in out
-    assert "one layer's SSU call, host time:" in out and "above them" in out
+    # 3 one-token steps after the prefill, 2 layers, 3 turns
+    assert "one layer's SSU call in the decode steps through ssu:" in out and "(18 calls of 2 layers)" in out
     assert "kernel alone" not in out  # a device time is measured on CUDA only
+
+
+def test_timed_calls_keep_each_decode_call_and_put_the_function_back():
+    model = hf_models.random_model("mamba2", "tiny", 2)
+    ids = hf_models.prompt_ids(model, length=5)
+    module = sys.modules[type(integration.find_mixers(model)[0][1]).__module__]
+    before = getattr(module, integration.FUNCTION)
+    with hf_models.timed_calls(model) as seconds:
+        hf_models.generate(model, ids, 3)
+    assert getattr(module, integration.FUNCTION) is before
+    assert len(seconds) == 2 * 2 and all(s > 0 for s in seconds)  # 2 one-token steps, 2 layers; not the prefill
+    result = hf_models.compare(model, ids, 3, config=ssu.Config(backend="reference"), null=True, rounds=2)
+    for run in (result.reference, result.through_ssu, result.null_ssu):
+        assert len(run.call_seconds) == 2 * 2 * 2 and run.per_call > 0
 
 
 def test_first_decode_call_records_what_the_mixer_passes():

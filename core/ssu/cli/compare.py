@@ -105,22 +105,29 @@ def cmd_compare(args) -> int:
     )
     backend = ssu_backend(model)
     rows = [("transformers", result.reference), (f"ssu ({backend})", result.through_ssu)]
+    if result.null_ssu is not None:
+        rows.append(("zeros (no SSU)", result.null_ssu))
     layers = len(find_mixers(model))
-    print(f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s} {'SSU us/layer':>13s}")
+    print(
+        f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s} {'SSU call us':>12s} "
+        f"{'above zeros':>12s}"
+    )
     for name, run in rows:
-        ssu_time = share = per_layer = "-"
-        if result.null_ssu is not None:
+        ssu_time = share = above = "-"
+        if result.null_ssu is not None and run is not result.null_ssu:
             spent = (run.per_token - result.null_ssu.per_token) * 1e3
             ssu_time, share = f"{spent:.3f}", f"{100 * spent / (run.per_token * 1e3):.0f} %"
-            per_layer = f"{spent * 1e3 / layers:.1f}"
-        print(f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s} {per_layer:>13s}")
-    if result.null_ssu is not None:
-        calls = hf_models.call_us(model, ids, config)
-        kernel = hf_models.kernel_us(model, ids, config)
-        above = calls["ssu"] - calls["null"]
+            above = f"{(run.per_call - result.null_ssu.per_call) * 1e6:.1f}"
         print(
-            f"one layer's SSU call, host time: {calls['ssu']:.1f} us through ssu, {calls['null']:.1f} us for the "
-            f"zeros, {above:.1f} us above them"
+            f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s} {run.per_call * 1e6:12.1f} "
+            f"{above:>12s}"
+        )
+    if result.null_ssu is not None:
+        kernel = hf_models.kernel_us(model, ids, config)
+        above = (result.through_ssu.per_call - result.null_ssu.per_call) * 1e6
+        print(
+            f"one layer's SSU call in the decode steps through ssu: {above:.1f} us of host time above the zeros "
+            f"({len(result.through_ssu.call_seconds)} calls of {layers} layers)"
             + ("" if kernel is None else f"; ssu's kernel alone: {kernel:.1f} us on the device (CUDA-graph replays)")
         )
     total = result.reference.logits.shape[0] * result.reference.logits.shape[1]
@@ -138,10 +145,10 @@ def cmd_compare(args) -> int:
         )
         print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
     print(
-        "(ms/token: the median decode step after the first token, over 3 turns of each path; SSU share: "
-        "against a run whose SSU returns zeros; SSU us/layer: that difference over the model's Mamba2 layers, "
-        "which moves with the host between runs; the SSU call's host time: the mixer's call made 200 times in "
-        "a row, median of 7 runs)"
+        "(ms/token: the median decode step after the first token, over 3 turns of each path; SSU ms/token and "
+        "share: its difference from a run whose SSU returns zeros, which moves with the host; SSU call us: the "
+        "median host time of a layer's one-token SSU call where the mixer makes it; above zeros: that less the "
+        "zeros' own)"
     )
     return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG
 

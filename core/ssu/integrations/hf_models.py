@@ -177,6 +177,8 @@ class Generation:
     logits: object
     step_seconds: list
     cache: object = None
+    #: host seconds of each one-token SSU call the mixers made (kept by :func:`compare`)
+    call_seconds: list = attrs.Factory(list)
 
     def recurrent_states(self) -> list:
         """The cache's SSM state tensor of each Mamba2 layer, in layer order."""
@@ -191,6 +193,11 @@ class Generation:
     def per_token(self) -> float:
         """Median seconds per generated token after the first (prefill excluded)."""
         return statistics.median(self.step_seconds) if self.step_seconds else float("nan")
+
+    @property
+    def per_call(self) -> float:
+        """Median host seconds of one layer's one-token SSU call inside the decode steps."""
+        return statistics.median(self.call_seconds) if self.call_seconds else float("nan")
 
 
 def generate(model, input_ids, new_tokens: int, *, attention_mask=None, **kwargs) -> Generation:
@@ -298,24 +305,73 @@ def compare(
     cache to an 8-bit cache's contents after each step (:func:`ssu.integrations.transformers.patch`)."""
     from . import transformers as integration
 
+    def timed():
+        with timed_calls(model) as seconds:
+            run = generate(model, input_ids, new_tokens, attention_mask=attention_mask)
+        run.call_seconds = seconds
+        return run
+
     def run_all(first: bool):
         if first and warm:
             generate(model, input_ids, 2, attention_mask=attention_mask)
-        runs = [generate(model, input_ids, new_tokens, attention_mask=attention_mask)]
+        runs = [timed()]
         with integration.patch(model, config, state_rounding=state_rounding):
             if first and warm:
                 generate(model, input_ids, 2, attention_mask=attention_mask)
-            runs.append(generate(model, input_ids, new_tokens, attention_mask=attention_mask))
+            runs.append(timed())
         if null:
             with null_ssu(model):
-                runs.append(generate(model, input_ids, new_tokens, attention_mask=attention_mask))
+                runs.append(timed())
         return runs
 
     kept = run_all(True)
     for _ in range(rounds - 1):
         for run, more in zip(kept, run_all(False)):
             run.step_seconds.extend(more.step_seconds)
+            run.call_seconds.extend(more.call_seconds)
     return Comparison(kept[0], kept[1], kept[2] if null else None)
+
+
+class timed_calls:
+    """Within it, the host time of every one-token SSU call ``model``'s mixers make is appended to
+    the list it yields: its modeling modules' function (what the path in force put there: the
+    original, a patch's or :class:`null_ssu`'s) wrapped with a clock. The SSU's share of a token
+    measured where it runs, between the layer's other operations, without the noise of the whole
+    step's time; every path pays the clock alike."""
+
+    def __init__(self, model) -> None:
+        from . import transformers as integration
+
+        self.modules = sorted({type(m).__module__ for _, m in integration.find_mixers(model)})
+        self.saved: dict = {}
+        self.seconds: list = []
+
+    def __enter__(self) -> list:
+        import sys
+
+        from . import transformers as integration
+
+        clock, seconds = time.perf_counter, self.seconds
+        for name in self.modules:
+            function = self.saved[name] = getattr(sys.modules[name], integration.FUNCTION)
+
+            def timed(state, x, *args, function=function, **kwargs):
+                start = clock()
+                out = function(state, x, *args, **kwargs)
+                if x.dim() == 3:  # one token per sequence: a decode step's call
+                    seconds.append(clock() - start)
+                return out
+
+            setattr(sys.modules[name], integration.FUNCTION, timed)
+        return seconds
+
+    def __exit__(self, *exc) -> None:
+        import sys
+
+        from . import transformers as integration
+
+        for name, function in self.saved.items():
+            setattr(sys.modules[name], integration.FUNCTION, function)
 
 
 class null_ssu:
@@ -404,36 +460,6 @@ def kernel_us(model, input_ids, config) -> Optional[float]:
             return graph_time_us(
                 [lambda: raw(adopted, x, dt, A, B, C, slots, D, z, dt_bias, True, out, 0, None)], min_launches=20
             )
-
-
-def call_us(model, input_ids, config, *, count: int = 200) -> dict:
-    """Host microseconds per call of one layer's decode SSU as the mixer calls it (its modeling
-    module's function, on the first decode call's arguments): ``"ssu"`` patched with ``config``,
-    ``"null"`` the zeros the SSU share is measured against (:func:`null_ssu`); the calls made one
-    after another, each run synchronised (:func:`ssu.timing.host_times_us`). Steps the layer's
-    cached state on; call it after the generations it is compared with."""
-    import sys
-
-    import torch
-
-    from ..timing import host_times_us
-    from . import transformers as integration
-
-    with integration.patch(model, config) as patch:
-        args, kwargs = first_decode_call(model, input_ids)
-        module = type(integration.find_mixers(model)[0][1]).__module__
-        function = getattr(sys.modules[module], integration.FUNCTION)
-        x = args[1]
-        token = integration._running.set(patch.serving)  # as inside a patched mixer's forward
-        try:
-            with torch.no_grad():
-                return host_times_us(
-                    {"ssu": lambda: function(*args, **kwargs), "null": lambda: x.new_zeros(x.shape)},
-                    count=count,
-                    cuda=x.device.type == "cuda",
-                )
-        finally:
-            integration._running.reset(token)
 
 
 def prompt_ids(model, batch: int = 1, length: int = 8, seed: int = 0):
