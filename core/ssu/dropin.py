@@ -11,9 +11,12 @@ id, the device) opens a kernel through the configured backend (``config``, else
 :func:`ssu.load_config` with ``SSU_BACKEND``, read once), adopts ``state`` in place and warms the
 kernel up (JIT, tuning): make that call before capturing a CUDA graph. Later calls find both in a
 cache and go straight to ``kernel.step``, whose checks run once per input signature; a larger
-batch than seen so far opens a kernel sized for it. Per-head parameters pass as they come, per
-head or expanded over P and N with stride 0 (Mamba2's "tie_hdim"); parameters that really vary
-along P or N (Mamba-1 layers) are refused, naming the argument.
+batch than seen so far opens a kernel sized for it. A call without slot ids or ``out`` (a model's
+decode call) goes through the kernel's lane for its layout where the backend offers one
+(:meth:`ssu.Kernel.lane`), bound after the first such call went through the step. Per-head
+parameters pass as they come, per head or expanded over P and N with stride 0 (Mamba2's
+"tie_hdim"); parameters that really vary along P or N (Mamba-1 layers) are refused, naming the
+argument.
 
 Pad rows follow ssu's rule: a row whose slot is ``pad_slot_id`` reads a zero state, writes no
 state and still writes its output row (mamba_ssm writes zeros there).
