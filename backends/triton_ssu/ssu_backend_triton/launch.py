@@ -468,6 +468,7 @@ class StepLaunches:
             # fmt: on
             return out
 
+        run.holds = (read, write, cursor, slots, scales)  # the tensors whose addresses it launches with
         return run
 
     def _keep(self, form, tensors, compiled, grid, args, kwargs) -> None:

@@ -304,6 +304,7 @@ def test_a_lane_passes_what_the_direct_launch_passes(recorder):
         launches(**call)  # the direct launch of the same call
         assert via_lane == recorder.direct[-1]
     assert len(recorder.full) == 1
+    assert any(t is first["read"] for t in lane.holds) and any(t is first["slots"] for t in lane.holds)
 
 
 @pytest.mark.parametrize(
