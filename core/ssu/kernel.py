@@ -51,7 +51,7 @@ def _checked_step(kernel: "Kernel", raw: Callable, full: bool) -> StepFn:
     plugin API knows."""
     checker = kernel._checker
     signatures = Signatures(static=checker.static_strides())
-    api = tuple(int(p) for p in kernel._loaded.spec.api_version.split(".")[:2])
+    api = kernel._api
     body = _CHECKED_BODY.format(
         tensors=signatures.arguments(), arguments=", ".join(f"{n}={n}" for n in contract.STEP_NAMES)
     )
@@ -99,6 +99,8 @@ class Kernel:
         self.capabilities = loaded.spec.capabilities
         self.distribution = loaded.found.distribution
         self._loaded = loaded
+        #: the plugin API the backend declares, (major, minor)
+        self._api = tuple(int(p) for p in loaded.spec.api_version.split(".")[:2])
         self._registry = default_registry() if registry is None else registry
         self._ctx = ctx
         self._hook = loaded.hook
@@ -150,8 +152,7 @@ class Kernel:
         launches switch devices. A lane leaves the layer out of the commit's account of stepped
         layers: for one-token steps without speculation, which commit nothing."""
         bind = getattr(self.raw_step, "lane", None)
-        api = tuple(int(p) for p in self._loaded.spec.api_version.split(".")[:2])
-        if bind is None or api < (1, 6) or self.problem.multi_token or self._launch_index is not None:
+        if bind is None or self._api < (1, 6) or self.problem.multi_token or self._launch_index is not None:
             return None
         if self.config.validate == "full" or (self.config.validate and not self.capabilities.guards_slots):
             return None

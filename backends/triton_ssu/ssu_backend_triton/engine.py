@@ -188,11 +188,10 @@ class Launcher:
             read, write = state.views[layer]
             cursor = state.buffers.get("cursor")
             scales = state.scales[layer] if quantized else None
-            run = launches.lane(
+            return launches.lane(
                 read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts[cursor is not None],
                 schedule, scales,
             )  # fmt: skip
-            return run
 
         step.launches = launches  # what it launches directly (benchmarks inspect it)
         step.lane = lane

@@ -401,9 +401,9 @@ class StepLaunches:
     def lane(self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts, schedule, scales):
         """A launcher of later one-token calls of this one's layout on the same state views and
         slots, taking only what changes between decode steps, ``(x, dt, A, B, C, D, z, dt_bias,
-        dt_softplus)``, and returning the output it allocates, or None for a call it declines (another layout, a
-        pointer not 16-byte aligned, another current device): then launch as usual. None where
-        this call's layout has no direct launch kept (launch it first).
+        dt_softplus)``, and returning the output it allocates, or None for a call it declines
+        (another layout, a pointer not 16-byte aligned, another current device): then launch as
+        usual. None where this call's layout has no direct launch kept (launch it first).
 
         What :meth:`__call__` works out per call is worked out here once: the form, the kept
         launch, the addresses of the state views, slots, scales and fault record. A call through

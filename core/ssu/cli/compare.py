@@ -112,21 +112,26 @@ def cmd_compare(args) -> int:
         f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s} {'SSU call us':>12s} "
         f"{'above zeros':>12s}"
     )
+
+    def above_zeros(run) -> float:
+        """Microseconds of a layer's SSU call in ``run`` above the zeros' own."""
+        return (run.per_call - result.null_ssu.per_call) * 1e6
+
     for name, run in rows:
         ssu_time = share = above = "-"
         if result.null_ssu is not None and run is not result.null_ssu:
             spent = (run.per_token - result.null_ssu.per_token) * 1e3
             ssu_time, share = f"{spent:.3f}", f"{100 * spent / (run.per_token * 1e3):.0f} %"
-            above = f"{(run.per_call - result.null_ssu.per_call) * 1e6:.1f}"
+            above = f"{above_zeros(run):.1f}"
         print(
             f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s} {run.per_call * 1e6:12.1f} "
             f"{above:>12s}"
         )
     if result.null_ssu is not None:
         kernel = hf_models.kernel_us(model, ids, config)
-        above = (result.through_ssu.per_call - result.null_ssu.per_call) * 1e6
         print(
-            f"one layer's SSU call in the decode steps through ssu: {above:.1f} us of host time above the zeros "
+            f"one layer's SSU call in the decode steps through ssu: {above_zeros(result.through_ssu):.1f} us of host "
+            "time above the zeros "
             f"({len(result.through_ssu.call_seconds)} calls of {layers} layers)"
             + ("" if kernel is None else f"; ssu's kernel alone: {kernel:.1f} us on the device (CUDA-graph replays)")
         )

@@ -332,55 +332,16 @@ def compare(
     return Comparison(kept[0], kept[1], kept[2] if null else None)
 
 
-class timed_calls:
-    """Within it, the host time of every one-token SSU call ``model``'s mixers make is appended to
-    the list it yields: its modeling modules' function (what the path in force put there: the
-    original, a patch's or :class:`null_ssu`'s) wrapped with a clock. The SSU's share of a token
-    measured where it runs, between the layer's other operations, without the noise of the whole
-    step's time; every path pays the clock alike."""
+class replaced_ssu:
+    """Within it, the decode SSU function of each modeling module of ``model``'s mixers is
+    ``replacement(function)``, ``function`` being what is there now (the original, or a patch's);
+    each is put back on leaving."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, replacement) -> None:
         from . import transformers as integration
 
         self.modules = sorted({type(m).__module__ for _, m in integration.find_mixers(model)})
-        self.saved: dict = {}
-        self.seconds: list = []
-
-    def __enter__(self) -> list:
-        import sys
-
-        from . import transformers as integration
-
-        clock, seconds = time.perf_counter, self.seconds
-        for name in self.modules:
-            function = self.saved[name] = getattr(sys.modules[name], integration.FUNCTION)
-
-            def timed(state, x, *args, function=function, **kwargs):
-                start = clock()
-                out = function(state, x, *args, **kwargs)
-                if x.dim() == 3:  # one token per sequence: a decode step's call
-                    seconds.append(clock() - start)
-                return out
-
-            setattr(sys.modules[name], integration.FUNCTION, timed)
-        return seconds
-
-    def __exit__(self, *exc) -> None:
-        import sys
-
-        from . import transformers as integration
-
-        for name, function in self.saved.items():
-            setattr(sys.modules[name], integration.FUNCTION, function)
-
-
-class null_ssu:
-    """Within it, the model's decode SSU returns zeros and leaves the state (timing only)."""
-
-    def __init__(self, model) -> None:
-        from . import transformers as integration
-
-        self.modules = sorted({type(m).__module__ for _, m in integration.find_mixers(model)})
+        self.replacement = replacement
         self.saved: dict = {}
 
     def __enter__(self):
@@ -389,9 +350,8 @@ class null_ssu:
         from . import transformers as integration
 
         for name in self.modules:
-            module = sys.modules[name]
-            self.saved[name] = getattr(module, integration.FUNCTION)
-            setattr(module, integration.FUNCTION, lambda state, x, *a, **k: x.new_zeros(x.shape))
+            function = self.saved[name] = getattr(sys.modules[name], integration.FUNCTION)
+            setattr(sys.modules[name], integration.FUNCTION, self.replacement(function))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -403,15 +363,43 @@ class null_ssu:
             setattr(sys.modules[name], integration.FUNCTION, function)
 
 
+class timed_calls(replaced_ssu):
+    """Within it, the host time of every one-token SSU call ``model``'s mixers make is appended to
+    the list it yields: the function in force (the original, a patch's or :class:`null_ssu`'s)
+    wrapped with a clock. The SSU's share of a token measured where it runs, between the layer's
+    other operations, without the noise of the whole step's time; every path pays the clock alike."""
+
+    def __init__(self, model) -> None:
+        self.seconds: list = []
+        clock, seconds = time.perf_counter, self.seconds
+
+        def clocked(function):
+            def timed(state, x, *args, **kwargs):
+                start = clock()
+                out = function(state, x, *args, **kwargs)
+                if x.dim() == 3:  # one token per sequence: a decode step's call
+                    seconds.append(clock() - start)
+                return out
+
+            return timed
+
+        super().__init__(model, clocked)
+
+    def __enter__(self) -> list:
+        super().__enter__()
+        return self.seconds
+
+
+class null_ssu(replaced_ssu):
+    """Within it, the model's decode SSU returns zeros and leaves the state (timing only)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model, lambda function: lambda state, x, *a, **k: x.new_zeros(x.shape))
+
+
 def first_decode_call(model, input_ids) -> tuple:
     """``(args, kwargs)`` of the first one-token SSU call a greedy generate of ``model`` makes (two
     tokens), as the mixer passes them to its modeling module's function (patched or not)."""
-    import sys
-
-    from . import transformers as integration
-
-    modules = sorted({type(m).__module__ for _, m in integration.find_mixers(model)})
-    saved = {name: getattr(sys.modules[name], integration.FUNCTION) for name in modules}
     seen: list = []
 
     def recording(function):
@@ -422,13 +410,8 @@ def first_decode_call(model, input_ids) -> tuple:
 
         return call
 
-    for name, function in saved.items():
-        setattr(sys.modules[name], integration.FUNCTION, recording(function))
-    try:
+    with replaced_ssu(model, recording):
         generate(model, input_ids, 2)
-    finally:
-        for name, function in saved.items():
-            setattr(sys.modules[name], integration.FUNCTION, function)
     if not seen:
         raise ConfigError(f"{type(model).__name__}: generate made no one-token SSU call to record")
     return seen[0]
