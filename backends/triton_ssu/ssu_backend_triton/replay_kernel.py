@@ -10,6 +10,10 @@ With ``cum`` the running sum of ``a`` over that sequence, the output of the toke
 
 so a program computes the small per-head weights ``exp(cum_m - cum_j) d_j (B_j . C_m)`` once and
 then, per tile of the checkpoint, one matrix-vector product and a weighted sum of ring rows. The
+products ``B_j . C_m`` are shared by every program of a group's heads: the gram kernel
+(:mod:`.replay_gram`), launched first, computes them once per batch row and group, and appends the
+step's B rows to the ring; a program here loads them (``M x TP`` floats) instead of every
+position's B row. The
 checkpoint is rewritten only when the ring would overflow the step's ``window`` (the flush
 policy of its batch bucket): then the folded tokens are applied to the tile one by one, in fp32,
 as the write-every-step kernel does, and the result rounded to the cache dtype once.
@@ -157,6 +161,8 @@ def replay_kernel(
     has_z,
     has_dt_bias,
     softplus,
+    gram_ptr,
+    g_b,
     T: tl.constexpr,
     TP: tl.constexpr,
     RING: tl.constexpr,
@@ -242,41 +248,24 @@ def replay_kernel(
             offs_n = tl.arange(0, BLOCK_N)
             mask_n = offs_n < N
             Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
-            B_ring = tl.load(
-                Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
-            )
-            B_new = tl.load(
-                B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
-                mask=in_new[:, None] & mask_n[None, :],
-                other=0.0,
-            )
-            B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
-
-            # per output token t (position k + t): weights of every earlier position, and the checkpoint's decay
+            # per output token t (position k + t): weights of every earlier position from the gram
+            # kernel's B . C products (:mod:`.replay_gram`), and the checkpoint's decay
             offs_t = tl.arange(0, TP)
+            grams = tl.load(gram_ptr + row * g_b + group * (M * TP) + offs_m[:, None] * TP + offs_t[None, :])
             weights = tl.zeros((M, TP), dtype=tl.float32)
             decays = tl.zeros((TP,), dtype=tl.float32)
             for t in tl.static_range(T):
-                C_tok = tl.load(C_ptr + row * C_b + t * C_t + group * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(
-                    tl.float32
-                )
-                gram = tl.sum(B_m * C_tok[None, :], axis=1)
+                gram = tl.sum(tl.where(offs_t[None, :] == t, grams, 0.0), axis=1)
                 m = k + t
                 cum_m = tl.sum(tl.where(offs_m == m, cum, 0.0), axis=0)
                 w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
                 weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
                 decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
 
-            # the new tokens' d, a and B join the ring (one program of the head, of the group)
+            # the new tokens' d and a join the ring (one program of the head; the gram kernel appends B)
             if append & (pid_p == 0):
                 tl.store(d_base + ring_row, d_m, mask=in_new)
                 tl.store(a_base + ring_row, a_m, mask=in_new)
-                if head % HEADS_PER_GROUP == 0:
-                    tl.store(
-                        Br_base + ring_row[:, None] * N + offs_n[None, :],
-                        B_new,
-                        mask=in_new[:, None] & mask_n[None, :],
-                    )
 
             seed = 0
             if STOCHASTIC:

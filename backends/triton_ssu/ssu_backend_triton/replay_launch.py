@@ -12,6 +12,7 @@ from ssu.slot_kernels import pdl_capable
 
 from .launch import _strides, cdiv, kernel_call, next_power_of_2
 from .replay_fold import fold_kernel
+from .replay_gram import gram_kernel
 from .replay_kernel import replay_kernel, ring_commit_kernel
 
 #: rows of a fold kernel's tile (a matrix product needs at least 16), its warps, the pipeline
@@ -104,7 +105,18 @@ def launch(
         CONCURRENT=FOLD_CONCURRENT,
         launch_pdl=pdl,
     )
-    if folded:  # first: the step kernel starts beside it (programmatic launch) and serves the other rows
+    write_through = window == 0 and T == 1 and not consts.speculative and not folded
+    M, TP = next_power_of_2(consts.ring), next_power_of_2(T)
+    gram = views.gram
+    if not write_through:  # first: every row's B . C products, shared by the heads of a group
+        kernel_call(gram_kernel, (B.shape[-2], b), compile_only)(
+            gram, views.B_ring, views.start, views.count, B, C, slots,
+            dst_slots if dst_slots is not None else slots, faults,
+            consts.pad_slot_id, consts.num_slots, window, views.B_ring.stride(0), gram.stride(0), *Bs, *Cs,
+            T=T, TP=TP, RING=consts.ring, M=M, N=N, BLOCK_N=next_power_of_2(N), SPECULATIVE=consts.speculative,
+            HAS_DST=dst_slots is not None, PDL=pdl, launch_pdl=pdl,
+        )  # fmt: skip
+    if folded:  # then: the step kernel starts beside it (programmatic launch) and serves the other rows
         kernel_call(fold_kernel, (H // heads, b), compile_only)(
             *args,
             T=T,
@@ -120,16 +132,18 @@ def launch(
         )
     return kernel_call(replay_kernel, grid, compile_only)(
         *args,
+        gram,
+        gram.stride(0),
         T=T,
-        TP=next_power_of_2(T),
-        M=next_power_of_2(consts.ring),
+        TP=TP,
+        M=M,
         BLOCK_P=block_p,
         BLOCK_N=next_power_of_2(N),
         TILES=tiles,
         STAGES=stages if tiles > 1 else 0,
         SPECULATIVE=consts.speculative,
         FOLDED=folded,
-        WRITE_THROUGH=window == 0 and T == 1 and not consts.speculative and not folded,
+        WRITE_THROUGH=write_through,
         num_warps=num_warps,
         **shared,
     )
@@ -160,7 +174,7 @@ def commit(count, slots, num_accepted, faults, *, tokens: int, pad_slot_id: int,
 
 @torch.library.custom_op(
     "ssu_triton::replay_step",
-    mutates_args=("ck", "x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket", "out", "faults"),
+    mutates_args=("ck", "x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket", "gram", "out", "faults"),
 )
 def replay_step_op(
     ck: torch.Tensor,
@@ -171,6 +185,7 @@ def replay_step_op(
     start: torch.Tensor,
     count: torch.Tensor,
     ticket: torch.Tensor,
+    gram: torch.Tensor,
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -188,10 +203,11 @@ def replay_step_op(
     consts: list[int],
     plan: list[int],
 ) -> None:
-    """The step as an opaque op: it mutates the layer's checkpoints, rings and cursors, ``out`` and the fault record."""
+    """The step as an opaque op: it mutates the layer's checkpoints, rings, cursors and gram rows,
+    ``out`` and the fault record."""
     from .replay_layout import ReplayViews
 
-    views = ReplayViews(ck, x_ring, B_ring, d_ring, a_ring, start, count, ticket)
+    views = ReplayViews(ck, x_ring, B_ring, d_ring, a_ring, start, count, ticket, gram)
     launch(
         views,
         x,

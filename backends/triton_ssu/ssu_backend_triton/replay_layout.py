@@ -14,6 +14,11 @@ Buffers of a :class:`ssu.State` (Ly layers, S slots, L = max_window + T ring row
 ``count``    (Ly, S) int32: how many tokens the ring holds
 ``ticket``   (Ly, S) int32: programs of the running step that are done with the slot (zero between steps)
 
+Beside them each layer's view holds ``gram`` (max_batch, G, M, TP) fp32, a step's scratch: B . C of
+each batch row's positions and tokens (M and TP the powers of two from L and T, :mod:`.replay_gram`).
+It is indexed by batch row, not slot, so it is not among the buffers; per layer, so that steps of
+different layers never share it.
+
 The logical state of a slot is its checkpoint advanced by the ``count`` ring tokens from row
 ``start``: ``s = exp(a) s + d x B^T`` per token, in fp32 (:func:`read`). Each layer has its own
 cursors, so layers are stepped independently and a step of one token moves its own layer's
@@ -45,6 +50,7 @@ class ReplayViews(NamedTuple):
     start: object
     count: object
     ticket: object
+    gram: object
 
 
 @attrs.define
@@ -94,9 +100,18 @@ def _side_buffers(problem, num_layers: int, ring: int) -> dict:
     }
 
 
-def _views(buffers: dict, checkpoints) -> list:
+def _grams(problem, num_layers: int, ring: int):
+    """Each layer's gram scratch (module docstring)."""
+    import torch
+
+    p = problem
+    M, TP = (1 << (n - 1).bit_length() for n in (ring, p.tokens_per_step))
+    return torch.zeros(num_layers, p.max_batch, p.ngroups, M, TP, dtype=torch.float32, device=p.device)
+
+
+def _views(buffers: dict, checkpoints, grams) -> list:
     names = ("x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket")
-    return [ReplayViews(ck, *(buffers[n][layer] for n in names)) for layer, ck in enumerate(checkpoints)]
+    return [ReplayViews(ck, *(buffers[n][layer] for n in names), grams[layer]) for layer, ck in enumerate(checkpoints)]
 
 
 def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
@@ -108,14 +123,14 @@ def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
     buffers["ssm"] = torch.zeros(
         num_layers, p.num_slots, p.nheads, p.headdim, p.dstate, dtype=to_torch(p.state_dtype), device=p.device
     )
-    views = _views(buffers, buffers["ssm"])
+    views = _views(buffers, buffers["ssm"], _grams(p, num_layers, ring))
     return State(backend, p, num_layers, buffers, views=views, record=_record(p, backend, buffers["ssm"]))
 
 
 def adopt(problem, cache: tuple, ring: int, backend: str) -> State:
     """The engine's per-layer tensors as the checkpoints, empty rings beside them."""
     buffers = _side_buffers(problem, len(cache), ring)
-    views = _views(buffers, cache)
+    views = _views(buffers, cache, _grams(problem, len(cache), ring))
     return State(
         backend, problem, len(cache), buffers, cache=cache, views=views, record=_record(problem, backend, cache)
     )

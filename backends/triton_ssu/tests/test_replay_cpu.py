@@ -362,6 +362,41 @@ def test_commit_moves_counts_and_copies_no_state(gen):
     assert state.buffers["count"][:, [1, 4]].tolist() == [[3, 1], [3, 1]]
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_the_gram_kernel_writes_each_rows_products_and_appends_B(T, gen):
+    """Before the step kernel, the gram kernel leaves each batch row's B . C products over the ring's
+    positions and the step's tokens in the layer's own scratch, and appends the step's B rows."""
+    p = problem(tokens_per_step=T, speculative=T > 1)
+    kernel = opened(p, max_window=4, window=4)
+    state = kernel.allocate_state(num_layers=2)
+    grams = [v.gram for v in state.views]
+    assert grams[0].data_ptr() != grams[1].data_ptr()
+    assert "gram" not in state.buffers  # indexed by batch row, not slot
+    slots = torch.tensor([5, 2, 7], dtype=torch.int32, device=DEVICE)
+    for _ in range(2):  # the second step finds tokens in the rings
+        views = state.views[1]
+        start, count = views.start[slots.long()].clone(), views.count[slots.long()].clone()
+        ring_B = views.B_ring[slots.long()].float().clone()
+        inputs = step_inputs(p, slots, gen)
+        for layer in (0, 1):
+            kernel.step(state, layer=layer, **inputs.kwargs())
+        if T > 1:
+            kernel.commit(state, slots, torch.full((3,), T, dtype=torch.int32, device=DEVICE))
+        B, C = inputs.B.float(), inputs.C.float()
+        if T == 1:
+            B, C = B[:, None], C[:, None]
+        L = views.B_ring.shape[-2]
+        for row in range(3):
+            k, s0 = int(count[row]), int(start[row])
+            rows = [ring_B[row, :, (s0 + j) % L] for j in range(k)] + [B[row, t] for t in range(T)]
+            # (G, positions, tokens): per group, each position's B row against each token's C
+            expected = torch.stack([torch.stack([(b * C[row, t]).sum(-1) for t in range(T)], -1) for b in rows], -2)
+            torch.testing.assert_close(grams[1][row, :, : k + T, :T], expected, rtol=1e-5, atol=1e-5)
+            for t in range(T):  # the step's B rows joined the ring after its tokens
+                ring_row = views.B_ring[int(slots[row]), :, (s0 + k + t) % L].float()
+                torch.testing.assert_close(ring_row, B[row, t])
+
+
 @pytest.mark.parametrize(
     ("pad_id", "T", "fold"),
     [
@@ -440,7 +475,7 @@ def test_default_plans_and_cached_plans():
     for bad in ({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v11 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v12 W15" in key and "batch 64" in key and "|T1|" in key
     pinned = replay_engine.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
     assert pinned != key and "pin 8:0:0:0" in pinned
     assert len(replay_engine.candidate_shapes(p)) >= 4
