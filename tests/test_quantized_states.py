@@ -233,3 +233,27 @@ def test_a_written_row_is_within_the_rounding_bound_and_truncation_is_not(dtype)
         head = exact.abs().amax(dim=(-2, -1), keepdim=True) / QMAX[dtype]
         for wrong in (torch.trunc(exact / row) * row, torch.round(exact / head) * head):
             assert ((wrong - exact).abs() > bound).any()
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED)
+def test_a_speculative_bound_covers_the_state_rounded_before_the_step(dtype):
+    """A speculative step may round the state it started from and decay it by its accepted tokens
+    (a checkpoint-and-ring backend): that error is measured against the larger of the two states'
+    magnitudes (oracle.rounding_bound's ``start``). A row that shrank past its old scale breaks the
+    narrower bound of the new state alone; a scale that never shrinks breaks both."""
+    from ssu.oracle import rounding_bound
+
+    gen = torch.Generator().manual_seed(6)
+    before = torch.randn(3, 4, 16, 32, generator=gen, dtype=torch.float64)
+    before *= torch.logspace(-4, 1, 16, dtype=torch.float64)[None, None, :, None]
+    decay = 0.8
+    large = before.abs() > 0.5 * before.abs().amax(-1, keepdim=True)
+    tokens = torch.where(large, -0.9 * decay * before, 0.0)  # the step's tokens cancel a row's largest values
+    exact = decay * before + tokens
+    rounded = decay * quant.stored(before.float(), dtype).double() + tokens
+    assert ((rounded - exact).abs() <= rounding_bound(exact, dtype, start=before)).all()
+    assert ((rounded - exact).abs() > rounding_bound(exact, dtype)).any()
+    if dtype == "int8":  # the old, larger scale kept for the new row
+        step = before.abs().amax(-1, keepdim=True) / QMAX[dtype]
+        stale = torch.round(exact / (4 * step)) * (4 * step)
+        assert ((stale - exact).abs() > rounding_bound(exact, dtype, start=before)).any()

@@ -151,7 +151,7 @@ def decode_run(
     writes = T if p.speculative else 1
     for step_index in range(steps):
         check = check_every > 0 and step_index % check_every == 0
-        expected_states = []
+        expected_states, starts = [], []
         for layer in range(layers):
             inputs = step_inputs(p, slots, gen, weights=weights[layer])
             if out is None:
@@ -167,6 +167,7 @@ def decode_run(
             report.state_bytes += (batch - pad_rows) * p.state_bytes_per_slot() * (1 + writes)
             if check:
                 states, outs = oracle.step_math64(p, start, inputs)
+                starts.append(start)
                 report.max_out_error = max(report.max_out_error, oracle.rel_error(oracle.with_token_axis(p, out), outs))
                 expected_states.append(states)
         accepted = None
@@ -185,7 +186,8 @@ def decode_run(
                 got = kernel.read_state(state, real, layer)
                 report.max_state_error = max(report.max_state_error, oracle.rel_error(got, want))
                 if p.quantized:
-                    worst = oracle.rounding_excess(got, want, p.state_dtype).max().item()
+                    started = starts[layer][rows] if p.speculative else None
+                    worst = oracle.rounding_excess(got, want, p.state_dtype, started).max().item()
                     report.max_rounding = max(report.max_rounding or 0.0, worst)
             report.checked_layer_steps += layers
         if progress is not None:

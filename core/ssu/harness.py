@@ -41,12 +41,13 @@ def expect_close(what: str, actual, expected, tol: float) -> None:
         raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}")
 
 
-def expect_rounded(what: str, actual, expected, state_dtype: str) -> None:
+def expect_rounded(what: str, actual, expected, state_dtype: str, start=None) -> None:
     """Raise CheckFailure, naming ``what``, when a value of an 8-bit cache's state ``actual`` is
-    further from ``expected`` than its rounding allows (:func:`ssu.oracle.rounding_bound`)."""
+    further from ``expected`` than its rounding allows (:func:`ssu.oracle.rounding_bound`; ``start``:
+    the state a speculative step started from)."""
     import torch
 
-    excess = oracle.rounding_excess(actual, expected, state_dtype)
+    excess = oracle.rounding_excess(actual, expected, state_dtype, start)
     worst = excess.max().item() if excess.numel() else 0.0
     if not worst <= 1.0:
         where = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))

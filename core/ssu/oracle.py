@@ -125,7 +125,7 @@ def tolerances(problem, tokens: Optional[int] = None, state_precision: Optional[
     return output_tolerance(problem.input_dtype, T), state_tolerance(state, T)
 
 
-def rounding_bound(expected, state_dtype: str):
+def rounding_bound(expected, state_dtype: str, start=None):
     """Per value, how far an 8-bit cache may hold a state from ``expected`` (float64, rows along
     the last axis) once written (docs/spec.md, "Quantised states"): half a step of the row's own
     scale (int8: the row's largest magnitude over 127), or half e4m3's spacing at the value's
@@ -133,28 +133,34 @@ def rounding_bound(expected, state_dtype: str):
     itself for reciprocals within a few ulp, plus 2^-17 of the tensor's largest value for the fp32
     arithmetic that produced the state. Per value, unlike :func:`rel_error`: a wrong scale (one
     per head, a scale that never shrinks) or rounding toward zero keeps a small row within a budget
-    relative to the whole tensor, not within this one."""
+    relative to the whole tensor, not within this one.
+
+    ``start`` (the state a speculative step started from, same shape): the magnitudes are the
+    larger of the two states' per value, since such a step may round the state it starts from and
+    apply its accepted tokens afterwards (a checkpoint-and-ring backend folds its ring into the
+    checkpoint before the step's tokens; docs/spec.md, "Quantised states")."""
     import torch
 
     from .dtypes import QMAX
 
     e = expected.to(torch.float64)
-    row_step = e.abs().amax(dim=-1, keepdim=True) / QMAX[state_dtype]
+    magnitude = e.abs() if start is None else torch.maximum(e.abs(), start.to(torch.float64).abs())
+    row_step = magnitude.amax(dim=-1, keepdim=True) / QMAX[state_dtype]
     if state_dtype == "int8":
         half = 0.5 * row_step.expand_as(e)
     else:
-        half = torch.maximum(e.abs() * 2.0**-4, row_step * 2.0**-10)
+        half = torch.maximum(magnitude * 2.0**-4, row_step * 2.0**-10)
     top = e.abs().max().item() if e.numel() else 0.0
     return half * (1.0 + 2.0**-10) + 2.0**-17 * top
 
 
-def rounding_excess(actual, expected, state_dtype: str):
+def rounding_excess(actual, expected, state_dtype: str, start=None):
     """Per value, how far ``actual`` (an 8-bit cache's state, read back) is from ``expected`` in
     units of :func:`rounding_bound`: at most 1 everywhere when the cache holds it as the rule allows."""
     import torch
 
     e = expected.to(torch.float64)
-    return (actual.to(torch.float64) - e).abs() / rounding_bound(e, state_dtype)
+    return (actual.to(torch.float64) - e).abs() / rounding_bound(e, state_dtype, start)
 
 
 def rel_error(actual, expected) -> float:

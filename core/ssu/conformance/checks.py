@@ -60,12 +60,13 @@ def _budgets(kernel) -> tuple[float, float]:
     return oracle.tolerances(kernel.problem, None, kernel.capabilities.state_precision)
 
 
-def _states_close(kernel, what: str, got, want, tol: float) -> None:
+def _states_close(kernel, what: str, got, want, tol: float, start=None) -> None:
     """New states within the state budget of the exact ones; for an 8-bit cache also each value
-    within its own rounding (its row's scale), which a budget relative to the tensor cannot see."""
+    within its own rounding (its row's scale), which a budget relative to the tensor cannot see.
+    ``start``: the states a speculative step started from (:func:`ssu.oracle.rounding_bound`)."""
     expect_close(what, got, want, tol)
     if kernel.problem.quantized:
-        expect_rounded(what, got, want, kernel.problem.state_dtype)
+        expect_rounded(what, got, want, kernel.problem.state_dtype, start if kernel.problem.speculative else None)
 
 
 def _no_fault(kernel) -> None:
@@ -134,7 +135,8 @@ def check_step(kernel, case: Case, gen) -> None:
     rows = torch.arange(b - pad, device=p.device)
     for layer, states in expected.items():
         got = kernel.read_state(state, real, layer)
-        _states_close(kernel, f"new states of layer {layer}", got, states[rows, pick], state_tol)
+        started = before[layer][real]
+        _states_close(kernel, f"new states of layer {layer}", got, states[rows, pick], state_tol, started)
     _unchanged(kernel, state, before, {layer: real for layer in expected})
     _no_fault(kernel)
 
@@ -169,7 +171,8 @@ def check_decode(kernel, case: Case, gen) -> None:
             accepted = _accepted(case, gen)
             kernel.commit(state, slots, accepted)
             pick = accepted[: b - pad].long() - 1
-        _states_close(kernel, "states", kernel.read_state(state, real, 0), states[rows, pick], state_tol)
+        got = kernel.read_state(state, real, 0)
+        _states_close(kernel, "states", got, states[rows, pick], state_tol, start[: b - pad])
     _unchanged(kernel, state, before, {0: real})
     _no_fault(kernel)
 
