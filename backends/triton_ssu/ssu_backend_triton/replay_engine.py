@@ -509,6 +509,8 @@ def randomize(state, options, gen) -> None:
     buf = state.buffers
     for name in ("ssm", "x_ring", "B_ring"):
         buf[name].copy_(torch.randn(buf[name].shape, generator=gen).to(buf[name].dtype))
+    if "scale" in buf:  # an 8-bit checkpoint's row scales
+        buf["scale"].copy_(torch.rand(buf["scale"].shape, generator=gen) * 0.01)
     d = torch.rand(buf["d_ring"].shape, generator=gen) * 0.1
     buf["d_ring"].copy_(d)
     buf["a_ring"].copy_(-d)

@@ -38,11 +38,13 @@ from .replay_kernel import (
     RUNTIME_SCALARS,
     flush_rule,
     head_terms,
+    load_checkpoint,
     move_cursors,
+    store_checkpoint,
     store_token_output,
     store_token_outputs,
 )
-from .tiles import rounded_state, row_slots, softplus_dt
+from .tiles import row_slots, softplus_dt
 
 
 @triton.jit(do_not_specialize=RUNTIME_SCALARS)
@@ -109,6 +111,9 @@ def fold_kernel(
     has_z,
     has_dt_bias,
     softplus,
+    scale_ptr,
+    sc_slot,
+    sc_head,
     T: tl.constexpr,
     TQ: tl.constexpr,
     SPECULATIVE: tl.constexpr,
@@ -126,6 +131,7 @@ def fold_kernel(
     PDL: tl.constexpr,
     CONCURRENT: tl.constexpr,
     STAGES: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """One program per (HEADS heads of a group, batch row); tiles of ROWS rows, M >= 16 positions,
     TQ >= 16 columns for the step's tokens. The arguments are ``replay_kernel``'s."""
@@ -208,6 +214,8 @@ def fold_kernel(
                 tl.store(a_base + new_row, a_tok, mask=t_ok)
             read_base = ck_ptr + safe * ck_slot + head * ck_head
             write_base = ck_ptr + target * ck_slot + head * ck_head
+            rscale_base = scale_ptr + safe * sc_slot + head * sc_head
+            wscale_base = scale_ptr + target * sc_slot + head * sc_head
             xr_base = xr_ptr + safe * xr_slot + head * (RING * P)
             x_base = x_ptr + row * x_b + head * x_h
             z_base = z_ptr + row * z_b + head * z_h
@@ -218,7 +226,7 @@ def fold_kernel(
                 mask_p = offs_p < P
                 tile = offs_p[:, None] * ck_p + offs_n[None, :]
                 mask = mask_p[:, None] & mask_n[None, :]
-                s0 = tl.load(read_base + tile, mask=mask, other=0.0).to(tl.float32)
+                s0 = load_checkpoint(read_base, rscale_base, tile, offs_p, mask, mask_p, QUANT)
                 X = tl.load(
                     xr_base + ring_row[None, :] * P + offs_p[:, None],
                     mask=mask_p[:, None] & in_ring[None, :],
@@ -228,8 +236,10 @@ def fold_kernel(
                     x_new = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
                     X = tl.where(is_new[None, :], x_new[:, None], X)
                 s = decay * s0 + tl.dot(X * coef[None, :], B_m, input_precision="ieee")
-                stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-                tl.store(write_base + tile, stored, mask=mask)
+                store_checkpoint(
+                    s, write_base, wscale_base, tile, offs_p, offs_n, mask, mask_p, seed, element, N, STOCHASTIC,
+                    PHILOX_ROUNDS, QUANT,
+                )  # fmt: skip
                 if SPECULATIVE:  # the T outputs from the unrounded fold; the tokens' x join the ring
                     mask_pt = mask_p[:, None] & t_ok[None, :]
                     X_tok = tl.load(x_base + offs_t[None, :] * x_t + offs_p[:, None] * x_p, mask=mask_pt, other=0.0)

@@ -56,7 +56,7 @@ import triton.language as tl
 
 from ssu.slot_kernels import _commit_rows
 
-from .tiles import rounded_state, row_slots, softplus_dt
+from .tiles import int8_to_float, quantized_rows, rounded_state, row_slots, softplus_dt
 
 #: the step and fold kernels' scalar arguments that change between calls: compiled as values, not
 #: specialised on (a new pad id or window never compiles anew)
@@ -161,6 +161,9 @@ def replay_kernel(
     has_z,
     has_dt_bias,
     softplus,
+    scale_ptr,
+    sc_slot,
+    sc_head,
     gram_ptr,
     g_b,
     T: tl.constexpr,
@@ -182,9 +185,11 @@ def replay_kernel(
     WRITE_THROUGH: tl.constexpr,
     PDL: tl.constexpr,
     CONCURRENT: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
-    x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,)."""
+    x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,); an 8-bit
+    checkpoint's row scales (S, H, P) (``QUANT``, ``tiles.quantized_rows``'s code; 0: none)."""
     if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
         tl.extra.cuda.gdc_launch_dependents()
         if not (FOLDED and CONCURRENT):  # beside the fold kernel, which has waited: they serve different rows
@@ -212,13 +217,14 @@ def replay_kernel(
     if WRITE_THROUGH:  # every row flushes: the write-every-step update, any ring tokens folded first
         _write_through_tiles(
             ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
+            scale_ptr + safe * sc_slot + head * sc_head, scale_ptr + target * sc_slot + head * sc_head,
             x_ptr + row * x_b + head * x_h, x_p, z_ptr + row * z_b + head * z_h, z_p,
             out_ptr + row * o_b + head * o_h, o_p, *wt, xr_ptr + safe * xr_slot + head * (RING * P),
             Br_ptr + safe * Br_slot + group * (RING * N), dr_ptr + safe * dr_slot + head * RING,
             ar_ptr + safe * dr_slot + head * RING, start, k, seed_ptr,
             (target * 65599 + head * P * N).to(tl.uint32), pid_p, tl.where(valid, P, 0), tl.where(flush, P, 0),
             has_d, has_z,
-            RING, P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS,
+            RING, P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS, QUANT,
         )  # fmt: skip
     else:
         if FOLDED:  # the fold kernel serves the rows that flush; their programs here only move the cursors
@@ -277,19 +283,21 @@ def replay_kernel(
             x_base = x_ptr + row * x_b + head * x_h
             state_rows = tl.where(valid, P, 0)
             args = (
-                read_base, write_base, xr_base, x_base, Br_base, B_ptr + row * B_b + group * B_g,
-                C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h, out_ptr + row * o_b + head * o_h,
+                read_base, write_base, scale_ptr + safe * sc_slot + head * sc_head,
+                scale_ptr + target * sc_slot + head * sc_head, xr_base, x_base, Br_base,
+                B_ptr + row * B_b + group * B_g, C_ptr + row * C_b + group * C_g, z_ptr + row * z_b + head * z_h,
+                out_ptr + row * o_b + head * o_h,
                 ck_p, x_t, x_p, B_t, B_n, C_t, C_n, z_t, z_p, o_t, o_p,
                 pid_p, state_rows, append, start, k, fold, ring_row, in_ring, in_new, tok, offs_m,
                 offs_n, mask_n,
                 weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
             )  # fmt: skip
             if FOLDED:  # the rows served here read the checkpoint only
-                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS, QUANT)
             elif flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
-                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS)
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS, QUANT)
             else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
-                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS)
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS, QUANT)
 
     move_cursors(
         start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
@@ -334,6 +342,8 @@ def move_cursors(
 def _tiles(
     read_base,
     write_base,
+    rscale_base,
+    wscale_base,
     xr_base,
     x_base,
     Br_base,
@@ -385,10 +395,12 @@ def _tiles(
     FOLD: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """The program's tiles: each tile's outputs from the checkpoint tile and the ring rows (the
     new tokens' x appended to the ring); with ``FOLD`` the first ``fold`` positions applied to
-    the tile one by one and the tile stored, rounded, at ``write_base``."""
+    the tile one by one and the tile stored, rounded (or quantised with fresh row scales), at
+    ``write_base``."""
     rows = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TP)
     w0 = tl.sum(tl.where(offs_t[None, :] == 0, weights, 0.0), axis=1)
@@ -397,7 +409,8 @@ def _tiles(
         offs_p = (pid_p * TILES + i) * BLOCK_P + rows
         mask_p = offs_p < P
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        s0 = tl.load(read_base + tile, mask=(offs_p < state_rows)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        read_p = offs_p < state_rows
+        s0 = load_checkpoint(read_base, rscale_base, tile, offs_p, read_p[:, None] & mask_n[None, :], read_p, QUANT)
         ring_mask = mask_p[:, None] & in_ring[None, :]
         new_mask = mask_p[:, None] & in_new[None, :]
         X_ring = tl.load(xr_base + ring_row[None, :] * P + offs_p[:, None], mask=ring_mask, other=0.0)
@@ -441,8 +454,41 @@ def _tiles(
                 d_j = tl.sum(tl.where(offs_m == j, d_m, 0.0), axis=0)
                 a_j = tl.sum(tl.where(offs_m == j, a_m, 0.0), axis=0)
                 s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
-            stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-            tl.store(write_base + tile, stored, mask=mask_p[:, None] & mask_n[None, :])
+            store_checkpoint(
+                s, write_base, wscale_base, tile, offs_p, offs_n, mask_p[:, None] & mask_n[None, :], mask_p, seed,
+                element, N, STOCHASTIC, PHILOX_ROUNDS, QUANT,
+            )  # fmt: skip
+
+
+@triton.jit
+def load_checkpoint(base, scale_base, tile, offs_p, mask, row_ok, QUANT: tl.constexpr):
+    """A checkpoint tile in fp32: as stored, or for an 8-bit checkpoint (``QUANT``) its values
+    times each row's scale (a row not read is zero)."""
+    raw = tl.load(base + tile, mask=mask, other=0.0)
+    if QUANT > 0:
+        scale = tl.load(scale_base + offs_p, mask=row_ok, other=0.0)
+        if QUANT % 2 == 1:
+            values = int8_to_float(raw, QUANT)
+        else:
+            values = raw.to(tl.float32)
+        return values * scale[:, None]
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def store_checkpoint(
+    s, base, scale_base, tile, offs_p, offs_n, mask, row_ok, seed, element, N: tl.constexpr,
+    STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr, QUANT: tl.constexpr,
+):  # fmt: skip
+    """Store an fp32 checkpoint tile: rounded to the cache dtype (:func:`~.tiles.rounded_state`),
+    or for an 8-bit checkpoint quantised per row with a fresh scale (``ssu.quant``)."""
+    if QUANT > 0:
+        q, scale = quantized_rows(s, QUANT)
+        tl.store(scale_base + offs_p, scale, mask=row_ok)
+        tl.store(base + tile, q, mask=mask)
+    else:
+        stored = rounded_state(s, base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
+        tl.store(base + tile, stored, mask=mask)
 
 
 @triton.jit
@@ -497,6 +543,8 @@ def _write_through_tiles(
     read_base,
     write_base,
     ck_p,
+    rscale_base,
+    wscale_base,
     x_base,
     x_p,
     z_base,
@@ -530,6 +578,7 @@ def _write_through_tiles(
     STAGES: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """A window-0 step of one token (inputs from :func:`_token_scalars`), written back at
     ``write_base``: the ring's ``k`` tokens from row ``start`` folded into the checkpoint one by one
@@ -550,7 +599,7 @@ def _write_through_tiles(
         read_p = offs_p < read_rows
         write_p = offs_p < write_rows
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        s = tl.load(read_base + tile, mask=read_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        s = load_checkpoint(read_base, rscale_base, tile, offs_p, read_p[:, None] & mask_n[None, :], read_p, QUANT)
         x = tl.load(x_base + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
         for j in range(0, k):  # ring tokens left by a bucket with a window
             r = (start + j) % RING
@@ -561,8 +610,10 @@ def _write_through_tiles(
         s = tl.fma(s, decay, (d * x)[:, None] * Bv[None, :])
         y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
         store_token_output(y, z_base, o_base, offs_p, z_p, o_p, mask_p, has_z)
-        stored = rounded_state(s, write_base, seed, element, offs_p, offs_n, N, STOCHASTIC, PHILOX_ROUNDS)
-        tl.store(write_base + tile, stored, mask=write_p[:, None] & mask_n[None, :])
+        store_checkpoint(
+            s, write_base, wscale_base, tile, offs_p, offs_n, write_p[:, None] & mask_n[None, :], write_p, seed,
+            element, N, STOCHASTIC, PHILOX_ROUNDS, QUANT,
+        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])

@@ -10,7 +10,7 @@ import torch
 
 from ssu.slot_kernels import pdl_capable
 
-from .launch import _strides, cdiv, kernel_call, next_power_of_2
+from .launch import _strides, cdiv, kernel_call, next_power_of_2, quant_code
 from .replay_fold import fold_kernel
 from .replay_gram import gram_kernel
 from .replay_kernel import replay_kernel, ring_commit_kernel
@@ -74,6 +74,8 @@ def launch(
     os_ = _strides(out, lead)
     ck = views.ck
     cks = ck.stride()
+    scale = views.scale  # an 8-bit checkpoint's row scales (S, H, P), P contiguous; else None
+    quant = quant_code(ck.dtype) if scale is not None else 0
     grid = (cdiv(P, block_p * tiles), H, b)
     pdl = bool(pdl) and pdl_capable(ck.device)
     folded = bool(fold)
@@ -92,6 +94,7 @@ def launch(
         A.stride(0), 0 if D is None else D.stride(0), 0 if dt_bias is None else dt_bias.stride(0),
         *xs, *dts[:3], *Bs, *Cs, *zs, *os_,
         D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
+        scale if scale is not None else ck, *(scale.stride()[:2] if scale is not None else (0, 0)),
     )  # fmt: skip
     shared = dict(
         RING=consts.ring,
@@ -103,6 +106,7 @@ def launch(
         PHILOX_ROUNDS=consts.philox_rounds,
         PDL=pdl,
         CONCURRENT=FOLD_CONCURRENT,
+        QUANT=quant,
         launch_pdl=pdl,
     )
     write_through = window == 0 and T == 1 and not consts.speculative and not folded
@@ -174,7 +178,20 @@ def commit(count, slots, num_accepted, faults, *, tokens: int, pad_slot_id: int,
 
 @torch.library.custom_op(
     "ssu_triton::replay_step",
-    mutates_args=("ck", "x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket", "gram", "out", "faults"),
+    mutates_args=(
+        "ck",
+        "x_ring",
+        "B_ring",
+        "d_ring",
+        "a_ring",
+        "start",
+        "count",
+        "ticket",
+        "gram",
+        "scale",
+        "out",
+        "faults",
+    ),  # fmt: skip
 )
 def replay_step_op(
     ck: torch.Tensor,
@@ -186,6 +203,7 @@ def replay_step_op(
     count: torch.Tensor,
     ticket: torch.Tensor,
     gram: torch.Tensor,
+    scale: Optional[torch.Tensor],
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -203,11 +221,11 @@ def replay_step_op(
     consts: list[int],
     plan: list[int],
 ) -> None:
-    """The step as an opaque op: it mutates the layer's checkpoints, rings, cursors and gram rows,
-    ``out`` and the fault record."""
+    """The step as an opaque op: it mutates the layer's checkpoints (and an 8-bit one's row scales),
+    rings, cursors and gram rows, ``out`` and the fault record."""
     from .replay_layout import ReplayViews
 
-    views = ReplayViews(ck, x_ring, B_ring, d_ring, a_ring, start, count, ticket, gram)
+    views = ReplayViews(ck, x_ring, B_ring, d_ring, a_ring, start, count, ticket, gram, scale)
     launch(
         views,
         x,

@@ -6,6 +6,8 @@ Buffers of a :class:`ssu.State` (Ly layers, S slots, L = max_window + T ring row
 
 ``ssm``      (Ly, S, H, P, N) checkpoints in the cache dtype (an allocated state; an adopted one has
              the engine's tensors in ``State.cache`` instead)
+``scale``    (Ly, S, H, P) fp32, 8-bit checkpoints only: each row's scale (:mod:`ssu.quant`), rewritten
+             with the row at every flush (an adopted cache's scales are the engine's own tensors)
 ``x_ring``   (Ly, S, H, L, P) inp: x of the tokens in the ring
 ``B_ring``   (Ly, S, G, L, N) inp: B of the tokens in the ring
 ``d_ring``   (Ly, S, H, L) fp32: d = dt after bias and softplus
@@ -31,8 +33,10 @@ from typing import NamedTuple
 
 import attrs
 
-from ssu.dtypes import ITEMSIZE, to_torch
+from ssu import quant
+from ssu.dtypes import ITEMSIZE, dtype_name, to_torch
 from ssu.records import State
+from ssu.slot_state import LayerViews
 
 #: slots replayed at once by :func:`sync` (bounds its temporary memory)
 SYNC_CHUNK = 64
@@ -51,6 +55,7 @@ class ReplayViews(NamedTuple):
     count: object
     ticket: object
     gram: object
+    scale: object = None
 
 
 @attrs.define
@@ -65,9 +70,10 @@ class RingRecord:
     ring_tokens: bool = False
 
 
-def _record(problem, backend: str, checkpoints) -> RingRecord:
+def _record(problem, backend: str, checkpoints, scales) -> RingRecord:
     views = [(ck.unsqueeze(1),) * 2 for ck in checkpoints]
-    return RingRecord(State(backend, problem, len(views), {}, views=views))
+    scale_views = [LayerViews(sc.unsqueeze(1), sc.unsqueeze(1)) for sc in scales]
+    return RingRecord(State(backend, problem, len(views), {}, views=views, scales=scale_views))
 
 
 def ring_bytes_per_slot(problem, ring: int) -> int:
@@ -109,9 +115,17 @@ def _grams(problem, num_layers: int, ring: int):
     return torch.zeros(num_layers, p.max_batch, p.ngroups, M, TP, dtype=torch.float32, device=p.device)
 
 
-def _views(buffers: dict, checkpoints, grams) -> list:
+def _views(buffers: dict, checkpoints, grams, scales) -> list:
     names = ("x_ring", "B_ring", "d_ring", "a_ring", "start", "count", "ticket")
-    return [ReplayViews(ck, *(buffers[n][layer] for n in names), grams[layer]) for layer, ck in enumerate(checkpoints)]
+    return [
+        ReplayViews(ck, *(buffers[n][layer] for n in names), grams[layer], scales[layer] if len(scales) else None)
+        for layer, ck in enumerate(checkpoints)
+    ]
+
+
+def _scale_views(scales) -> list:
+    """``State.scales``: each layer's row scales, read and written in place."""
+    return [LayerViews(sc, sc) for sc in scales]
 
 
 def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
@@ -123,24 +137,30 @@ def allocate(problem, num_layers: int, ring: int, backend: str) -> State:
     buffers["ssm"] = torch.zeros(
         num_layers, p.num_slots, p.nheads, p.headdim, p.dstate, dtype=to_torch(p.state_dtype), device=p.device
     )
-    views = _views(buffers, buffers["ssm"], _grams(p, num_layers, ring))
-    return State(backend, p, num_layers, buffers, views=views, record=_record(p, backend, buffers["ssm"]))
+    scales = ()
+    if p.quantized:
+        scales = buffers["scale"] = torch.zeros(buffers["ssm"].shape[:-1], dtype=torch.float32, device=p.device)
+    views = _views(buffers, buffers["ssm"], _grams(p, num_layers, ring), scales)
+    record = _record(p, backend, buffers["ssm"], scales)
+    return State(backend, p, num_layers, buffers, views=views, scales=_scale_views(scales), record=record)
 
 
-def adopt(problem, cache: tuple, ring: int, backend: str) -> State:
-    """The engine's per-layer tensors as the checkpoints, empty rings beside them."""
+def adopt(problem, cache: tuple, ring: int, backend: str, scales: tuple = ()) -> State:
+    """The engine's per-layer tensors as the checkpoints (an 8-bit cache's row scales with them),
+    empty rings beside them."""
     buffers = _side_buffers(problem, len(cache), ring)
-    views = _views(buffers, cache, _grams(problem, len(cache), ring))
+    views = _views(buffers, cache, _grams(problem, len(cache), ring), scales)
     return State(
-        backend, problem, len(cache), buffers, cache=cache, views=views, record=_record(problem, backend, cache)
-    )
+        backend, problem, len(cache), buffers, cache=cache, views=views, scales=_scale_views(scales),
+        record=_record(problem, backend, cache, scales),
+    )  # fmt: skip
 
 
 def replay(views: ReplayViews, idx, heads_per_group: int):
     """The logical states of slots ``idx`` (a long tensor): fp32 (len(idx), H, P, N)."""
     import torch
 
-    s = views.ck[idx].float()
+    s = checkpoint(views, idx)
     b = idx.shape[0]
     if b == 0:
         return s
@@ -164,6 +184,23 @@ def replay(views: ReplayViews, idx, heads_per_group: int):
     return s
 
 
+def checkpoint(views: ReplayViews, idx):
+    """The checkpoints of slots ``idx`` in fp32 (an 8-bit one dequantised with its row scales)."""
+    if views.scale is not None:
+        return quant.dequantize(views.ck[idx], views.scale[idx])
+    return views.ck[idx].float()
+
+
+def set_checkpoint(views: ReplayViews, idx, values) -> None:
+    """Store ``values`` as the checkpoints of slots ``idx``: rounded to the cache dtype once, or for
+    an 8-bit cache quantised with fresh row scales."""
+    values = values.to(views.ck.device)
+    if views.scale is not None:
+        views.ck[idx], views.scale[idx] = quant.quantize(values, dtype_name(views.ck.dtype))
+    else:
+        views.ck[idx] = values.to(views.ck.dtype)
+
+
 def read(state: State, slots, layer: int):
     """Hook body: the logical states of ``slots`` in ``layer``."""
     return replay(state.views[layer], slots.long(), state.problem.heads_per_group)
@@ -179,7 +216,7 @@ def write(state: State, slots, values, layer: int) -> None:
     """Hook body: ``values`` become the checkpoints of ``slots`` in ``layer``, their rings empty."""
     views = state.views[layer]
     idx = slots.long()
-    views.ck[idx] = values.to(device=views.ck.device, dtype=views.ck.dtype)
+    set_checkpoint(views, idx, values)
     _reset(views, idx)
 
 
@@ -198,7 +235,7 @@ def sync(state: State, slots) -> None:
             idx = slots.long().to(views.count.device)
         idx = idx[views.count[idx] > 0]
         for chunk in idx.split(SYNC_CHUNK):
-            views.ck[chunk] = replay(views, chunk, state.problem.heads_per_group).to(views.ck.dtype)
+            set_checkpoint(views, chunk, replay(views, chunk, state.problem.heads_per_group))
             _reset(views, chunk)
     if slots is None and state.record is not None:
         state.record.ring_tokens = False

@@ -38,6 +38,7 @@ def ssu_backend():
         factory=_factory,
         capabilities=ssu.Capabilities(
             devices={"cuda", "cpu"},
+            state_dtypes={"fp32", "bf16", "fp16", "int8", "fp8_e4m3"},
             max_tokens_per_step=MAX_WINDOW,
             speculative=True,
             stochastic_rounding=True,
@@ -108,11 +109,13 @@ def ssu_allocate_state(ctx, num_layers):
 
 
 @ssu.hookimpl
-def ssu_adopt_state(ctx, cache):
-    """Hook: the engine's tensors are the checkpoints; rings and cursors beside them."""
+def ssu_adopt_state(ctx, cache, scales):
+    """Hook: the engine's tensors are the checkpoints (an 8-bit cache's row scales with them);
+    rings and cursors beside them."""
     from . import replay_layout
 
-    return replay_layout.adopt(ctx.problem, cache, ctx.options.ring_length(ctx.problem.tokens_per_step), NAME)
+    ring = ctx.options.ring_length(ctx.problem.tokens_per_step)
+    return replay_layout.adopt(ctx.problem, cache, ring, NAME, scales or ())
 
 
 @ssu.hookimpl

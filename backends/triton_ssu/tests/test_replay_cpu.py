@@ -397,6 +397,54 @@ def test_the_gram_kernel_writes_each_rows_products_and_appends_B(T, gen):
                 torch.testing.assert_close(ring_row, B[row, t])
 
 
+@pytest.mark.parametrize("state", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize(
+    ("T", "window", "fold", "adopt"),
+    [
+        (1, 3, 0, True),
+        pytest.param(2, 3, 1, False, marks=pytest.mark.slow),
+        pytest.param(1, 3, 1, False, marks=pytest.mark.slow),
+        pytest.param(1, 0, 0, False, marks=pytest.mark.slow),  # the triton kernel serves every bucket
+        pytest.param(2, 0, 0, True, marks=pytest.mark.slow),
+    ],
+)
+def test_8_bit_checkpoints_with_row_scales(state, T, window, fold, adopt, gen):
+    """An 8-bit checkpoint, dequantised with its row scales where read and quantised with fresh ones
+    at each flush (in the step kernel, the fold kernel or the triton backend's kernel), allocated
+    and adopted, over a decode that flushes and wraps the ring; pad rows and every slot outside the
+    batch untouched, scales included."""
+    p = problem(state_dtype=state, tokens_per_step=T, speculative=T > 1, num_slots=10, engine_state=adopt)
+    options = dict(max_window=3, window=window, fold_heads=fold)
+    compare(p, gen, backend_options=options, steps=6, pad=1, adopt=adopt)
+
+
+@pytest.mark.parametrize(
+    ("options", "checks"),
+    [
+        (dict(max_window=1), ("step",)),
+        pytest.param(dict(max_window=3), ("step", "destinations", "adopted", "decode"), marks=pytest.mark.slow),
+        pytest.param(
+            dict(max_window=3, window=3, fold_heads=1), ("step", "decode"), marks=pytest.mark.slow, id="fold-kernel"
+        ),
+    ],
+)
+def test_8_bit_checkpoints_pass_the_kit_value_by_value(options, checks):
+    """The conformance kit narrowed to 8-bit states: every value within half a step of its row's
+    scale (for a speculative step, of the larger of its rows before and after the step); with a
+    window of 1 a one-token step flushes every other step, and the decodes flush repeatedly."""
+    from ssu.testing import assert_conformant
+
+    assert_conformant(
+        NAME,
+        checks=checks,
+        profile="smoke",
+        max_examples=3,
+        device=DEVICE,
+        options=options,
+        state_dtypes=["int8", "fp8_e4m3"],
+    )
+
+
 @pytest.mark.parametrize(
     ("pad_id", "T", "fold"),
     [

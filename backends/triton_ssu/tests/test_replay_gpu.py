@@ -1,6 +1,6 @@
 """The triton-replay backend on a real GPU: model shapes over decodes that flush, a long decode
-against the triton backend, CUDA graphs of step + commit, warmup, the tuning cache across
-processes, stochastic rounding. Skipped without CUDA (``-m gpu`` selects these)."""
+against the triton backend, CUDA graphs of step + commit, 8-bit checkpoints, warmup, the tuning
+cache across processes, stochastic rounding. Skipped without CUDA (``-m gpu`` selects these)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,23 @@ def test_conformance_checks_at_model_shapes(check, tokens, gen):
     )
     try:
         run_on(opened(p), check, gen)
+    except ssu.conformance.CheckSkipped:
+        pass
+
+
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize(("tokens", "fold"), [(1, 0), (1, 4), (4, 0)])
+@pytest.mark.parametrize("check", ["step", "decode", "adopted"])
+def test_8_bit_checkpoints_at_the_model_shape(check, tokens, fold, state_dtype, gen):
+    """The kit's checks, value by value against each row's scale, for an 8-bit checkpoint at the
+    Nemotron-H-8B shape, with a window that flushes within the decode, with the fold kernel and
+    without (compiled: int8 values converted without conversion instructions, e4m3 by the packed
+    cast)."""
+    p = cuda_problem(
+        state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1, engine_state=check == "adopted"
+    )
+    try:
+        run_on(opened(p, max_window=5, fold_heads=fold), check, gen)
     except ssu.conformance.CheckSkipped:
         pass
 
