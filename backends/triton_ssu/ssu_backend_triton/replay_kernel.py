@@ -13,10 +13,11 @@ then, per tile of the checkpoint, one matrix-vector product and a weighted sum o
 products ``B_j . C_m`` are shared by every program of a group's heads: the gram kernel
 (:mod:`.replay_gram`), launched first, computes them once per batch row and group, and appends the
 step's B rows to the ring; a program here loads them (``M x TP`` floats) instead of every
-position's B row. The
-checkpoint is rewritten only when the ring would overflow the step's ``window`` (the flush
-policy of its batch bucket): then the folded tokens are applied to the tile one by one, in fp32,
-as the write-every-step kernel does, and the result rounded to the cache dtype once.
+position's B row. The checkpoint is rewritten only when the ring would overflow the step's
+``window`` (the flush policy of its batch bucket): then the folded tokens are applied to the tile
+one by one, in fp32, as the write-every-step kernel does, and the result rounded to the cache
+dtype once. An 8-bit checkpoint (``QUANT``) is read as its values times each row's scale and
+written with fresh row scales (``ssu.quant``'s rule), wherever a kernel here writes one.
 
 Flush rules (``window`` W, ``count`` k):
 
