@@ -4,6 +4,8 @@ a model's decode calls through it, taking the step whenever the lane declines.""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -23,10 +25,12 @@ class Laned:
 
     NAME = "laned"
 
-    def __init__(self, api: str = ssu.PLUGIN_API_VERSION, guards_slots: bool = True) -> None:
-        self.api, self.guards_slots = api, guards_slots
+    def __init__(self, api: str = ssu.PLUGIN_API_VERSION, guards_slots: bool = True, cache_lanes: bool = False) -> None:
+        self.api, self.guards_slots, self.cache_lanes = api, guards_slots, cache_lanes
         self.bound: list = []  # the batch of each lane bound
         self.served = 0  # calls a lane served
+        self.cache_bound: list = []  # the batch of each cache lane bound
+        self.cache_served = 0  # calls a cache lane served
 
     @ssu.hookimpl
     def ssu_backend(self):
@@ -64,7 +68,23 @@ class Laned:
 
             return run
 
+        def cache_lane(state, layer, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False):
+            batch, bound = x.shape[0], state.cache[layer]
+            layout = (bound.shape, bound.stride(), bound.dtype)
+            self.cache_bound.append(batch)
+
+            def run(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+                if x.shape[0] != batch or (cache.shape, cache.stride(), cache.dtype) != layout:
+                    return None
+                self.cache_served += 1
+                target = slot_state.adopt(ctx.problem, (cache,), self.NAME)
+                return step(target, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, None, 0)
+
+            return run
+
         laned_step.lane = lane
+        if self.cache_lanes:
+            laned_step.cache_lane = cache_lane
         return laned_step
 
     ssu_allocate_state = staticmethod(slot_state.ssu_allocate_state)
@@ -172,3 +192,94 @@ def test_a_kernel_without_lanes_is_asked_once(gen):
     (entry,) = ssu.dropin._adopted.values()
     assert entry.lanes == [] and entry.binds == ssu.dropin.LANE_BINDS
     ssu.dropin.clear()
+
+
+@pytest.fixture
+def cache_laned():
+    """A :class:`Laned` with cache lanes (plugin API 1.7) in the process-wide registry."""
+    plugin = Laned(cache_lanes=True)
+    ssu.dropin.clear()
+    default_registry().register(plugin)
+    yield plugin
+    default_registry().unregister(Laned.NAME)
+    ssu.dropin.clear()
+
+
+def test_a_cache_lane_serves_a_fresh_copy_of_the_cache_at_every_step(cache_laned, gen, monkeypatch):
+    """What transformers does from 5.25: each decode step hands over a copy of the cache made just
+    before it, and keeps that copy. After the first call no copy is adopted or checked again, every
+    state and output matches the oracle, and the copies dropped are freed."""
+    prepared = []
+    prepare = ssu.dropin._prepare
+    monkeypatch.setattr(ssu.dropin, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    config = ssu.Config(backend=Laned.NAME)
+    cache = torch.randn(6, H, P, N, generator=gen)
+    dropped = []
+    for _ in range(5):
+        before, cache = cache, cache.clone()
+        call = mamba2_call(3, gen, tied=True)
+        out = ssu.selective_state_update(cache, **call, dt_softplus=True, config=config)
+        states, outs = expected(before, call, [0, 1, 2])
+        assert oracle.rel_error(out, outs) < 1e-5 and oracle.rel_error(cache[:3], states) < 1e-5
+        assert torch.equal(cache[3:], before[3:])
+        dropped.append(weakref.ref(before))
+        del before
+    assert len(prepared) == 1 and cache_laned.cache_bound == [3] and cache_laned.cache_served == 4
+    assert cache_laned.bound == [] and not ssu.dropin._adopted
+    assert all(ref() is None for ref in dropped)
+    assert ssu.dropin.kernel_for(cache, config).backend == Laned.NAME
+
+
+@pytest.mark.parametrize("change", ["more slots", "another pad id", "slot ids"])
+def test_a_cache_lane_serves_only_its_layout_and_pad_id(cache_laned, gen, change):
+    config = ssu.Config(backend=Laned.NAME)
+    ssu.selective_state_update(
+        torch.randn(6, H, P, N, generator=gen), **mamba2_call(3, gen, tied=True), dt_softplus=True, config=config
+    )
+    cache = torch.randn(7 if change == "more slots" else 6, H, P, N, generator=gen)
+    before, call = cache.clone(), mamba2_call(3, gen, tied=True)
+    extra = {"pad_slot_id": 99} if change == "another pad id" else {}
+    if change == "slot ids":
+        extra = {"state_batch_indices": torch.tensor([0, 1, 2], dtype=torch.int32)}
+    out = ssu.selective_state_update(cache, **call, dt_softplus=True, config=config, **extra)
+    states, outs = expected(before, call, [0, 1, 2])
+    assert oracle.rel_error(out, outs) < 1e-5 and oracle.rel_error(cache[:3], states) < 1e-5
+    assert cache_laned.cache_served == 0
+
+
+def test_no_cache_lane_for_an_allocated_state_or_an_older_backend(gen):
+    for plugin, adopted in [(Laned(cache_lanes=True), False), (Laned(api="1.6", cache_lanes=True), True)]:
+        kernel = opened(plugin)
+        if adopted:
+            state = kernel.adopt_state(torch.randn(10, H, P, N, generator=gen))
+        else:
+            state = kernel.allocate_state()
+        call = dict(mamba2_call(3, gen, tied=False), slots=torch.tensor([0, 4, 2], dtype=torch.int32))
+        kernel.step(state, **call, dt_softplus=True)
+        assert kernel.cache_lane(state, **call, dt_softplus=True) is None
+        assert plugin.cache_bound == []
+        assert kernel.lane(state, **call, dt_softplus=True) is not None  # its plain lane still
+    default_registry().unregister(Laned.NAME)
+
+
+def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
+    """A transformers model through the patch: one adoption for the whole decode (the layers' caches,
+    and the copies transformers from 5.25 makes of them at each step, share one layout), every
+    later call through the cache lane, the same tokens and states as transformers' own path."""
+    pytest.importorskip("transformers")
+    from ssu.integrations import hf_models
+    from ssu.integrations import transformers as integration
+
+    model = hf_models.random_model("nemotron_h", "tiny", 2)
+    ids = torch.randint(0, 1024, (2, 6), generator=torch.Generator().manual_seed(0))
+    own = hf_models.generate(model, ids, 5)
+    prepared = []
+    prepare = ssu.dropin._prepare
+    monkeypatch.setattr(ssu.dropin, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    with integration.patch(model, backend=Laned.NAME) as patch:
+        through = hf_models.generate(model, ids, 5)
+    calls = 4 * len(patch.mixers)  # 4 decode steps per mixer
+    assert len(prepared) == 1 and cache_laned.cache_served == calls - 1
+    assert torch.equal(own.sequences, through.sequences)
+    for a, b in zip(own.recurrent_states(), through.recurrent_states()):
+        assert oracle.rel_error(b, a) <= oracle.state_tolerance("fp32")

@@ -72,6 +72,31 @@ class LaneFn(Protocol):
     ) -> Optional["Tensor"]: ...
 
 
+class CacheLaneFn(Protocol):
+    """A lane that takes the cache it steps (plugin API 1.7, optional): what a step callable's
+    ``cache_lane`` attribute returns, ``step.cache_lane(state, layer, x, dt, A, B, C, slots, D, z,
+    dt_bias, dt_softplus)``, for an adopted one-token ``state``. Called as :class:`LaneFn` is, with
+    the tensor to step first: the adopted tensor of ``layer``, or any other tensor of its sizes,
+    strides, dtype and device (a copy an engine makes of its cache before each step, say), which it
+    steps in place as it would the adopted one. It keeps no reference to any of them, so a copy the
+    engine drops is freed. It declines (returns None, having done nothing) what a :class:`LaneFn`
+    declines, and a tensor of another layout."""
+
+    def __call__(
+        self,
+        cache: "Tensor",
+        x: "Tensor",
+        dt: "Tensor",
+        A: "Tensor",
+        B: "Tensor",
+        C: "Tensor",
+        D: Optional["Tensor"],
+        z: Optional["Tensor"],
+        dt_bias: Optional["Tensor"],
+        dt_softplus: bool,
+    ) -> Optional["Tensor"]: ...
+
+
 class CommitFn(Protocol):
     """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last step."""
 

@@ -12,8 +12,11 @@ id, the device) opens a kernel through the configured backend (``config``, else
 kernel up (JIT, tuning): make that call before capturing a CUDA graph. Later calls find both in a
 cache and go straight to ``kernel.step``, whose checks run once per input signature; a larger
 batch than seen so far opens a kernel sized for it. A call without slot ids or ``out`` (a model's
-decode call) goes through the kernel's lane for its layout where the backend offers one
-(:meth:`ssu.Kernel.lane`), bound after the first such call went through the step. Per-head
+decode call) goes through the kernel's lane for its layout where the backend offers one, bound
+after the first such call went through the step: a cache lane (:meth:`ssu.Kernel.cache_lane`)
+serves every tensor of the adopted one's layout, so a model that hands over a fresh copy of its
+cache at each step (transformers from 5.25 does) is neither adopted nor checked again per step;
+a lane of one tensor (:meth:`ssu.Kernel.lane`) serves that tensor. Per-head
 parameters pass as they come, per head or expanded over P and N with stride 0 (Mamba2's
 "tie_hdim"); parameters that really vary along P or N (Mamba-1 layers) are refused, naming the
 argument.
@@ -65,6 +68,11 @@ _configs: dict = {}  # id(config) -> the Config used (None: the loaded one)
 _kernels: dict = {}  # (problem fields but the batch, id(config)) -> Kernel
 _adopted: dict = {}  # (id(state), id(config)) -> _Adopted
 _rows: dict = {}  # (batch, device string) -> arange(batch): the slots of a call without state_batch_indices
+#: (id(config), pad_slot_id) -> the kernels' cache lanes (``Kernel.cache_lane``), most recent first:
+#: each serves any tensor of its layout, adopted or not (a copy a model makes of its cache per step)
+_lanes: dict = {}
+_lane_owners: dict = {}  # the same keys -> [(kernel, layout of the tensors it steps)], as _lanes orders them
+_cache_binds: dict = {}  # the same keys -> cache lanes bound so far
 
 
 def clear() -> None:
@@ -74,6 +82,9 @@ def clear() -> None:
     _kernels.clear()
     _adopted.clear()
     _rows.clear()
+    _lanes.clear()
+    _lane_owners.clear()
+    _cache_binds.clear()
 
 
 def selective_state_update(
@@ -101,12 +112,17 @@ def selective_state_update(
     (slot b without them) and writes ``dst_state_batch_indices[b]`` (the slot it read without
     them); ``pad_slot_id`` marks padded rows, any integer (0 for a null block).
     """
+    plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
+    if plain:  # a model's decode call: the kernel's faster path for a layout seen before, if any
+        for lane in _lanes.get((id(config), pad_slot_id), ()):
+            y = lane(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+            if y is not None:
+                return y
     entry = _adopted.get((id(state), id(config)))
     b = x.shape[0]
     if entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id:
         entry = _prepare(state, x, B, pad_slot_id, config)
-    plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
-    if plain:  # a model's decode call: the kernel's faster path for a layout seen before, if any
+    if plain:
         for lane in entry.lanes:
             y = lane(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
             if y is not None:
@@ -119,19 +135,30 @@ def selective_state_update(
         entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0, dst_state_batch_indices
     )
     if plain and entry.binds < LANE_BINDS:
-        _bind_lane(entry, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus)
+        _bind_lane(entry, (id(config), pad_slot_id), x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus)
     return y
 
 
 #: lanes asked of a kernel per adopted tensor, at most (a layout its lanes keep declining, such as
-#: unaligned inputs, stops being asked for one), and lanes kept per adopted tensor
+#: unaligned inputs, stops being asked for one), and lanes kept per adopted tensor or per config
 LANE_BINDS, LANES = 16, 4
 
 
-def _bind_lane(entry: _Adopted, *call) -> None:
-    """Ask the kernel for a lane for the layout of the call just stepped (``Kernel.lane``) and keep
-    it first; a kernel without lanes is not asked again."""
+def _bind_lane(entry: _Adopted, key: tuple, *call) -> None:
+    """Ask the kernel for a lane for the layout of the call just stepped and keep it first: a cache
+    lane (``Kernel.cache_lane``), which serves every tensor of the adopted one's layout, among the
+    lanes of ``key`` (the config and pad id; :data:`LANE_BINDS` binds per key at most); else a lane
+    of this tensor (``Kernel.lane``). A kernel with neither is not asked again for this tensor."""
     entry.binds += 1
+    if _cache_binds.get(key, 0) < LANE_BINDS:
+        lane = entry.kernel.cache_lane(entry.state, *call)
+        if lane is not None:
+            _cache_binds[key] = _cache_binds.get(key, 0) + 1
+            lanes, owners = _lanes.setdefault(key, []), _lane_owners.setdefault(key, [])
+            lanes.insert(0, lane)
+            owners.insert(0, (entry.kernel, _layout(entry.state.cache[0])))
+            del lanes[LANES:], owners[LANES:]
+            return
     lane = entry.kernel.lane(entry.state, *call)
     if lane is None:
         if not entry.lanes:
@@ -139,6 +166,11 @@ def _bind_lane(entry: _Adopted, *call) -> None:
         return
     entry.lanes.insert(0, lane)
     del entry.lanes[LANES:]
+
+
+def _layout(t) -> tuple:
+    """What a cache lane compares of the tensor it steps, as :func:`kernel_for` compares it."""
+    return (tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
 def _default_rows(b: int, entry: _Adopted, pad_slot_id: int):
@@ -271,9 +303,17 @@ def _problem(fields: dict, max_batch: int):
 
 
 def kernel_for(state: "Tensor", config: Optional["Config"] = None) -> Optional["Kernel"]:
-    """The kernel that serves ``state`` (after a first call), for ``explain()`` or ``check()``."""
+    """The kernel that serves ``state`` (after a first call), for ``explain()`` or ``check()``: the
+    one that adopted it, else the one whose cache lane serves tensors of its layout."""
     entry = _adopted.get((id(state), id(config)))
-    return entry.kernel if entry is not None and entry.tensor() is state else None
+    if entry is not None and entry.tensor() is state:
+        return entry.kernel
+    layout = _layout(state)
+    for (config_id, _), owners in _lane_owners.items():
+        for kernel, served in owners:
+            if config_id == id(config) and served == layout:
+                return kernel
+    return None
 
 
 def __getattr__(name: str) -> Any:  # pragma: no cover - helpful error for a common typo

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 from . import devices, faults
 from .config import Config, load_config
 from . import contract
-from .contract import LaneFn, StepFn, check_step
+from .contract import CacheLaneFn, LaneFn, StepFn, check_step
 from .errors import BackendError, ConfigError, InputError
 from .problem import Problem
 from .records import Context, State
@@ -151,15 +151,47 @@ class Kernel:
         every call), for a backend that leaves slot ids outside the cache to the core, or where
         launches switch devices. A lane leaves the layer out of the commit's account of stepped
         layers: for one-token steps without speculation, which commit nothing."""
-        bind = getattr(self.raw_step, "lane", None)
-        if bind is None or self._api < (1, 6) or self.problem.multi_token or self._launch_index is not None:
+        return self._bind("lane", (1, 6), state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus)
+
+    def cache_lane(
+        self,
+        state: State,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        slots,
+        D=None,
+        z=None,
+        dt_bias=None,
+        dt_softplus: bool = False,
+        layer: int = 0,
+    ) -> Optional[CacheLaneFn]:
+        """:meth:`lane` for an adopted ``state``, taking the tensor to step first
+        (:class:`ssu.contract.CacheLaneFn`): ``lane(cache, x, dt, A, B, C, D, z, dt_bias,
+        dt_softplus)`` steps ``cache``, the adopted tensor of ``layer`` or any tensor of its
+        sizes, strides, dtype and device, which the kernel then steps as if it had adopted it (an
+        engine that copies its cache before each step needs no adoption per step). None where the
+        state is not adopted or the backend has no cache lane (plugin API 1.7); given under the
+        same conditions as :meth:`lane`."""
+        if not state.adopted:
+            return None
+        return self._bind("cache_lane", (1, 7), state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus)
+
+    def _bind(self, attribute: str, since: tuple, state: State, layer: int, *call):
+        """The backend's ``step.<attribute>`` bound for this call (plugin API ``since``), after
+        the step's full check of the call, or None where lanes are not given."""
+        bind = getattr(self.raw_step, attribute, None)
+        if bind is None or self._api < since or self.problem.multi_token or self._launch_index is not None:
             return None
         if self.config.validate == "full" or (self.config.validate and not self.capabilities.guards_slots):
             return None
         if self.config.validate:
-            call = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, slots=slots, D=D, z=z, dt_bias=dt_bias)
-            self._checker.step(dict(call, dt_softplus=dt_softplus, out=None, layer=layer, dst_slots=None))
-        return bind(state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus)
+            x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus = call
+            checked = dict(state=state, x=x, dt=dt, A=A, B=B, C=C, slots=slots, D=D, z=z, dt_bias=dt_bias)
+            self._checker.step(dict(checked, dt_softplus=dt_softplus, out=None, layer=layer, dst_slots=None))
+        return bind(state, layer, *call)
 
     # lifecycle ---------------------------------------------------------------------------------
     def allocate_state(self, num_layers: int = 1) -> State:

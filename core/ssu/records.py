@@ -31,8 +31,9 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: ``ssu_traffic`` (the bytes a step moves, for the traffic floor ``ssu bench`` reports); 1.5
 #: added quantised state dtypes (``int8``, ``fp8_e4m3``: served only where ``state_dtypes``
 #: names them), their row scales (``State.scales``) and ``ssu_adopt_state``'s ``scales``; 1.6
-#: added the step callable's optional ``lane`` (:class:`ssu.contract.LaneFn`).
-PLUGIN_API_VERSION = "1.6"
+#: added the step callable's optional ``lane`` (:class:`ssu.contract.LaneFn`); 1.7 its optional
+#: ``cache_lane`` (:class:`ssu.contract.CacheLaneFn`), a lane taking the cache it steps.
+PLUGIN_API_VERSION = "1.7"
 
 
 def _frozen(values) -> frozenset:

@@ -177,24 +177,37 @@ class Launcher:
                 seed.add_(1)
             return out
 
-        def lane(state, layer, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False):
-            """Plugin API 1.6's optional lane (``ssu.contract.LaneFn``): later one-token calls of
-            this call's layout on ``state``'s ``layer`` and ``slots`` launched directly
-            (:meth:`~ssu_backend_triton.launch.StepLaunches.lane`); None when this layout has not
-            been launched yet, or with stochastic rounding (its seed moves every step)."""
+        def bind(state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, cache):
+            """:meth:`~ssu_backend_triton.launch.StepLaunches.lane` for ``state``'s ``layer``: None
+            with stochastic rounding (its seed moves every step) or while compiling."""
             if seed is not None or is_compiling():
                 return None
-            schedule = table[x.shape[0]]
             read, write = state.views[layer]
             cursor = state.buffers.get("cursor")
             scales = state.scales[layer] if quantized else None
             return launches.lane(
                 read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts[cursor is not None],
-                schedule, scales,
+                table[x.shape[0]], scales, cache,
             )  # fmt: skip
+
+        def lane(state, layer, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False):
+            """Plugin API 1.6's optional lane (``ssu.contract.LaneFn``): later one-token calls of
+            this call's layout on ``state``'s ``layer`` and ``slots`` launched directly; None when
+            this layout has not been launched yet."""
+            return bind(state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, None)
+
+        def cache_lane(state, layer, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False):
+            """Plugin API 1.7's optional cache lane (``ssu.contract.CacheLaneFn``): the lane for an
+            adopted cache without row scales, taking the tensor to step first, so that it also
+            serves other tensors of the adopted one's layout (a copy an engine makes of its cache
+            before each step); None where ``state`` is not adopted."""
+            if not state.adopted:
+                return None
+            return bind(state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, state.cache[layer])
 
         step.launches = launches  # what it launches directly (benchmarks inspect it)
         step.lane = lane
+        step.cache_lane = cache_lane
         return step
 
     # warmup helpers ------------------------------------------------------------------------------

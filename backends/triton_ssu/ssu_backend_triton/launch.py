@@ -398,19 +398,29 @@ class StepLaunches:
         if kept is None and compiled is not None and device is not None and _raw_stream is not None:
             self._keep(form, tensors, compiled, grid, args, kwargs)
 
-    def lane(self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts, schedule, scales):
-        """A launcher of later one-token calls of this one's layout on the same state views and
-        slots, taking only what changes between decode steps, ``(x, dt, A, B, C, D, z, dt_bias,
-        dt_softplus)``, and returning the output it allocates, or None for a call it declines
-        (another layout, a pointer not 16-byte aligned, another current device): then launch as
-        usual. None where this call's layout has no direct launch kept (launch it first).
+    def lane(self, read, write, cursor, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, consts, schedule, scales,
+             cache=None):  # fmt: skip
+        """A launcher of later one-token calls of this one's layout on the same slots, taking only
+        what changes between decode steps and returning the output it allocates, or None for a
+        call it declines (another layout, a pointer not 16-byte aligned, another current device):
+        then launch as usual. None where this call's layout has no direct launch kept (launch it
+        first), or where the call reads and writes different views.
+
+        Without ``cache`` it steps this call's state views, ``lane(x, dt, A, B, C, D, z, dt_bias,
+        dt_softplus)`` (plugin API 1.6, ``ssu.contract.LaneFn``). With ``cache``, the engine tensor
+        at whose address those views start (an adopted cache, no row scales), it takes the tensor
+        to step first, ``lane(cache, x, ...)`` (``ssu.contract.CacheLaneFn``): any tensor of that
+        one's sizes, strides, dtype and device, such as a copy an engine makes of its cache before
+        each step, and it holds none of them.
 
         What :meth:`__call__` works out per call is worked out here once: the form, the kept
-        launch, the addresses of the state views, slots, scales and fault record. A call through
-        the lane compares its eight tensors with one C++ guard and reads their addresses: the
-        host time left is that, the output's allocation and the launcher's own. Its ``softplus``
-        is this call's ``dt_softplus``."""
-        if _current_device is None or _raw_stream is None:
+        launch, the addresses of the slots, scales and fault record. A call through the lane
+        compares its tensors with one C++ guard and reads their addresses: the host time left is
+        that, the output's allocation and the launcher's own. Its ``softplus`` is this call's
+        ``dt_softplus``."""
+        if _current_device is None or _raw_stream is None or write is not read or cursor is not None:
+            return None
+        if cache is not None and (scales is not None or cache.data_ptr() != read.data_ptr()):
             return None
         device = _current_device()
         out = torch.empty_like(x)
@@ -422,34 +432,33 @@ class StepLaunches:
         if kept is None:
             return None
         c_launch, fixed, gx, gy, gz, tail = kept
-        p_read, p_write, p_slots = read.data_ptr(), write.data_ptr(), slots.data_ptr()
-        p_cursor = p_slots if cursor is None else cursor.data_ptr()
+        p_slots = slots.data_ptr()
         p_seed = p_slots if self.seed is None else self.seed_ptr
         p_rscale = p_wscale = p_slots
         if scales is not None:
             p_rscale, p_wscale = scales.read.data_ptr(), scales.write.data_ptr()
-        if (p_read | p_write | p_slots | p_cursor | p_seed | p_rscale | p_wscale) & 15:
+        if (p_slots | p_seed | p_rscale | p_wscale) & 15:
             return None
         p_faults = self.faults_ptr
         no_D, no_z, no_bias = D is None, z is None, dt_bias is None
         given = [i for i, t in enumerate((x, dt, A, B, C, D, z, dt_bias)) if t is not None]
         pick = operator.itemgetter(*given)
-        guard = layout_guard(pick((x, dt, A, B, C, D, z, dt_bias)))
+        guard = layout_guard((read if cache is None else cache, *pick((x, dt, A, B, C, D, z, dt_bias))))
         check, empty_like, raw_stream = guard.check, torch.empty_like, _raw_stream
 
-        def run(*call):
-            x, dt, A, B, C, D, z, dt_bias, softplus = call
+        def run(target, x, dt, A, B, C, D, z, dt_bias, softplus):
             if (
                 softplus != dt_softplus
                 or (D is None) is not no_D
                 or (z is None) is not no_z
                 or (dt_bias is None) is not no_bias
                 or _current_device() != device
-                or not check(*pick(call))
+                or not check(target, *pick((x, dt, A, B, C, D, z, dt_bias)))
             ):
                 return None
             out = empty_like(x)
-            p_x, p_dt, p_A, p_B, p_C, p_out = (
+            p_state, p_x, p_dt, p_A, p_B, p_C, p_out = (
+                target.data_ptr(),
                 x.data_ptr(),
                 dt.data_ptr(),
                 A.data_ptr(),
@@ -460,16 +469,20 @@ class StepLaunches:
             p_D = p_A if no_D else D.data_ptr()
             p_z = p_x if no_z else z.data_ptr()
             p_dt_bias = p_A if no_bias else dt_bias.data_ptr()
-            if (p_x | p_dt | p_A | p_B | p_C | p_D | p_z | p_dt_bias | p_out) & 15:
+            if (p_state | p_x | p_dt | p_A | p_B | p_C | p_D | p_z | p_dt_bias | p_out) & 15:
                 return None
             # fmt: off
-            c_launch(gx, gy, gz, raw_stream(device), *fixed, p_read, p_write, p_cursor, p_x, p_dt, p_A, p_B, p_C,
+            c_launch(gx, gy, gz, raw_stream(device), *fixed, p_state, p_state, p_slots, p_x, p_dt, p_A, p_B, p_C,
                      p_slots, p_slots, p_D, p_z, p_dt_bias, p_out, p_seed, p_faults, p_rscale, p_wscale, *tail)
             # fmt: on
             return out
 
-        run.holds = (read, write, cursor, slots, scales)  # the tensors whose addresses it launches with
-        return run
+        if cache is not None:
+            run.holds = (slots,)  # the tensors whose addresses it launches with: not the cache
+            return run
+        bound = functools.partial(run, read)
+        bound.holds = (read, slots, scales)
+        return bound
 
     def _keep(self, form, tensors, compiled, grid, args, kwargs) -> None:
         names = list(getattr(ssu_kernel, "arg_names", ()))

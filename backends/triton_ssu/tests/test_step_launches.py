@@ -9,6 +9,7 @@ record what they receive; the GPU tests launch the real one."""
 from __future__ import annotations
 
 import types
+import weakref
 
 import pytest
 import torch
@@ -338,3 +339,57 @@ def test_no_lane_without_the_direct_launcher(recorder, monkeypatch):
     launches(**call)
     monkeypatch.setattr(launch, "_raw_stream", None)
     assert lane_for(launches, call) is None
+
+
+def adopted_call(gen, cache, **kwargs):
+    """``make_call``'s tensors with the state views of an adopted ``cache`` (num_slots, H, P, N)."""
+    call = make_call(gen, **kwargs)
+    view = cache.unsqueeze(1)
+    call.update(read=view, write=view)
+    return call
+
+
+def test_a_cache_lane_steps_any_tensor_of_the_caches_layout(recorder):
+    """A copy of the cache made before each step (as transformers does from 5.25) is launched at its
+    own address with the kept launch; the lane keeps none of those tensors alive."""
+    gen = torch.Generator().manual_seed(9)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    cache = torch.randn(6, 4, 16, 32, generator=gen)
+    first = adopted_call(gen, cache)
+    launches(**first)
+    fixed = {k: v for k, v in first.items() if k not in ("out", "dst_slots")}
+    lane = launches.lane(scales=None, cache=cache, **fixed)
+    assert lane is not None
+    copies = []
+    for _ in range(3):
+        copy = cache.clone()
+        call = adopted_call(gen, copy)
+        call["slots"] = first["slots"]
+        out = lane(copy, *[call[k] for k in LANE_INPUTS])
+        assert out is not None
+        via_lane = recorder.direct[-1]
+        call["out"] = out
+        launches(**call)  # the direct launch of the same call on the copy's views
+        assert via_lane == recorder.direct[-1]
+        copies.append(weakref.ref(copy))
+        del copy, call
+    assert len(recorder.full) == 1
+    others = [torch.randn(7, 4, 16, 32), torch.randn(6, 4, 32, 16).transpose(2, 3), cache.double()]
+    for other in others:
+        assert lane(other, *[first[k] for k in LANE_INPUTS]) is None
+    assert all(t is not cache for t in lane.holds)
+    del cache, first, fixed, others
+    assert all(ref() is None for ref in copies)
+
+
+def test_a_cache_lane_needs_the_views_of_its_cache_and_no_row_scales(recorder):
+    gen = torch.Generator().manual_seed(10)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
+    cache = torch.randn(6, 4, 16, 32, generator=gen)
+    first = adopted_call(gen, cache)
+    launches(**first)
+    fixed = {k: v for k, v in first.items() if k not in ("out", "dst_slots")}
+    assert launches.lane(scales=None, cache=cache.clone(), **fixed) is None  # not the views' tensor
+    scales = types.SimpleNamespace(read=torch.ones(6, 1, 4, 16), write=None)
+    scales.write = scales.read
+    assert launches.lane(scales=scales, cache=cache, **fixed) is None
