@@ -123,8 +123,7 @@ def main() -> None:
     D, dt_bias = inputs["D"][:, None].expand(-1, P), inputs["dt_bias"][:, None].expand(-1, P)
     dropin = lambda: ssu.selective_state_update(cache, x, dt, A, B, C, D, None, dt_bias, True, config=config)  # noqa
     dropin()
-    kernel = ssu.dropin.kernel_for(cache, config)
-    state = ssu.dropin._adopted[(id(cache), id(config))].state
+    kernel, state = ssu.dropin.served(cache, config)
     arange = torch.arange(b, dtype=torch.int32, device=args.device)
     same = lambda: kernel.step(state, x, dt, A, B, C, arange, D, None, dt_bias, True)  # noqa: E731
     rows.append(

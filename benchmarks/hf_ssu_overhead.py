@@ -15,8 +15,14 @@ each run, median of runs):
 - ``patched``: the modeling module's function as the patch left it, inside a patched mixer;
 - ``kernel``: the step's device time alone (CUDA events over back-to-back launches).
 
-Then a decode step of the whole model under torch's profiler (the ops with the most host time) and
-under cProfile (the Python functions with the most time of their own). Prints; asserts nothing.
+Then each layer's one-token SSU call clocked where the decode makes it (``hf_models.timed_calls``,
+as ``ssu compare`` clocks it; median over ``--rounds`` turns of 15 decode steps), through ssu as it
+ships (cache lanes, plugin API 1.7), through ssu with lanes of one adopted tensor only (the
+kernels' cache lanes withheld, as for a backend of plugin API 1.6), and for the null SSU.
+transformers from 5.25 hands the SSU a fresh copy of the layer's cache at every step, which only a
+cache lane serves without adopting it again. Then a decode step of the whole model under torch's
+profiler (the ops with the most host time) and under cProfile (the Python functions with the most
+time of their own). Prints; asserts nothing.
 
     python benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b --device cuda
 """
@@ -63,6 +69,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3, help="turns of the in-situ paths (default 3)")
     parser.add_argument(
         "--triton-dispatch",
         action="store_true",
@@ -83,8 +90,7 @@ def main() -> None:
     hf_models.generate(model, ids, 3)  # opens, adopts and warms the kernels up
     call_args, call_kwargs = hf_models.first_decode_call(model, ids)
     state, x = call_args[0], call_args[1]
-    kernel = ssu.dropin.kernel_for(state, patch.config)
-    adopted = ssu.dropin._adopted[(id(state), id(patch.config))].state
+    kernel, adopted = ssu.dropin.served(state, patch.config)
     _, _, dt, A, B, C, D = call_args[:7]
     dt_bias, z = call_kwargs.get("dt_bias"), call_kwargs.get("z")
     slots = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
@@ -118,6 +124,9 @@ def main() -> None:
     if args.device.startswith("cuda"):
         print(f"{'kernel':14s} {device_us(levels['raw'], args.calls):13.1f}   (device time per launch)")
     ssu_hf._running.reset(token)
+    patch.undo()
+    in_situ(model, ids, patch.config, args.rounds)
+    patch = ssu_hf.patch(model, config=patch.config)
 
     print("\none decode step of the patched model, torch profiler (host time):")
     hf_models.generate(model, ids, 2)
@@ -139,6 +148,39 @@ def main() -> None:
     if args.device.startswith("cuda"):
         print_synchronising_calls(model, ids)
     patch.undo()
+
+
+def in_situ(model, ids, config, rounds: int) -> None:
+    """Median host time of a layer's one-token SSU call inside greedy decodes of 16 tokens, per
+    path, the paths taking turns (each path opens its kernels afresh and warms up first)."""
+    import transformers
+
+    def withheld(*args, **kwargs):
+        return None
+
+    paths = ("ssu, cache lanes", "ssu, lanes of one tensor", "zeros")
+    seconds: dict = {name: [] for name in paths}
+    shipped = ssu.Kernel.cache_lane
+    for _ in range(rounds):
+        for name in paths:
+            ssu.dropin.clear()
+            ssu.Kernel.cache_lane = withheld if name == "ssu, lanes of one tensor" else shipped
+            try:
+                with hf_models.null_ssu(model) if name == "zeros" else ssu_hf.patch(model, config=config):
+                    hf_models.generate(model, ids, 2)
+                    with hf_models.timed_calls(model) as calls:
+                        hf_models.generate(model, ids, 16)
+            finally:
+                ssu.Kernel.cache_lane = shipped
+            seconds[name].extend(calls)
+    ssu.dropin.clear()
+    zeros = statistics.median(seconds["zeros"]) * 1e6
+    print(f"\nin-situ one-token SSU calls (transformers {transformers.__version__}, {rounds} rounds of 15 steps):")
+    print(f"{'path':26s} {'calls':>6s} {'host us/call':>13s} {'above zeros':>12s}")
+    for name in paths:
+        us = statistics.median(seconds[name]) * 1e6
+        above = "" if name == "zeros" else f"{us - zeros:12.1f}"
+        print(f"{name:26s} {len(seconds[name]):6d} {us:13.1f} {above:>12s}")
 
 
 def kept_launch(kernel, raw):

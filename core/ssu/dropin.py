@@ -316,5 +316,16 @@ def kernel_for(state: "Tensor", config: Optional["Config"] = None) -> Optional["
     return None
 
 
+def served(state: "Tensor", config: Optional["Config"] = None) -> Optional[tuple]:
+    """``(kernel, State)`` stepping ``state`` as its calls do (after a first call), for timing the
+    backend's step callable on it: the State the kernel adopted it as, or, for a tensor the
+    kernel's cache lanes serve without adopting it, a State adopted now. None if no kernel serves it."""
+    kernel = kernel_for(state, config)
+    if kernel is None:
+        return None
+    entry = _adopted.get((id(state), id(config)))
+    return kernel, entry.state if entry is not None and entry.tensor() is state else kernel.adopt_state(state)
+
+
 def __getattr__(name: str) -> Any:  # pragma: no cover - helpful error for a common typo
     raise AttributeError(f"module 'ssu.dropin' has no attribute {name!r}; the call is ssu.selective_state_update")

@@ -357,14 +357,55 @@ def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch):
             )
             outs[name].append(out)
         if name == "lanes":
-            (entry,) = ssu.dropin._adopted.values()
-            assert len(entry.lanes) >= 2  # one per batch at least
+            assert sum(len(lanes) for lanes in ssu.dropin._lanes.values()) >= 2  # one per batch at least
     torch.cuda.synchronize()
     assert torch.equal(caches["lanes"], caches["step"])
     for got, want, ref in zip(outs["lanes"], outs["step"], outs["reference"]):
         assert torch.equal(got, want)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(caches["lanes"], caches["reference"], rtol=1e-4, atol=1e-4)
+    ssu.dropin.clear()
+
+
+def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch):
+    """Calls that each hand over a fresh copy of the cache, as transformers from 5.25 makes one
+    before every decode step: through the cache lanes (one adoption per batch size, not per call)
+    the same bits, outputs and final cache, as the same calls through the step alone."""
+    H, P, N, G = SHAPES["nemotron-h-8b"]
+    start = torch.randn(8, H, P, N, device="cuda")
+    A = (-torch.rand(H, device="cuda") - 1)[:, None, None].expand(-1, P, N)
+    D = torch.randn(H, device="cuda")[:, None].expand(-1, P)
+    dt_bias = (torch.rand(H, device="cuda") - 2)[:, None].expand(-1, P)
+    calls = []
+    for b in [1, 1, 1, 3, 3, 1, 3]:
+        dt = torch.randn(b, 1, H, device="cuda").transpose(1, 2).expand(-1, -1, P)
+        calls.append(
+            (torch.randn(b, H, P, device="cuda"), dt, *(torch.randn(b, G, N, device="cuda") for _ in range(2)))
+        )
+    prepare = ssu.dropin._prepare
+    results = {}
+    for name in ("lanes", "step"):
+        ssu.dropin.clear()
+        prepared: list = []
+
+        def counted(*args, prepared=prepared, **kwargs):
+            prepared.append(1)
+            return prepare(*args, **kwargs)
+
+        monkeypatch.setattr(ssu.dropin, "LANE_BINDS", 0 if name == "step" else 16)
+        monkeypatch.setattr(ssu.dropin, "_prepare", counted)
+        config = ssu.Config(backend="triton")
+        cache, outs = start.clone(), []
+        for x, dt, B, C in calls:
+            cache = cache.clone()
+            outs.append(
+                ssu.selective_state_update(cache, x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True, config=config)
+            )
+        results[name] = cache, outs, len(prepared)
+    torch.cuda.synchronize()
+    assert results["lanes"][2] == 2 and results["step"][2] == len(calls)  # batches 1 and 3; every call
+    assert torch.equal(results["lanes"][0], results["step"][0])
+    assert all(torch.equal(a, b) for a, b in zip(results["lanes"][1], results["step"][1]))
     ssu.dropin.clear()
 
 

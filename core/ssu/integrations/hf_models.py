@@ -430,14 +430,14 @@ def kernel_us(model, input_ids, config) -> Optional[float]:
     with integration.patch(model, config) as patch:
         args, kwargs = first_decode_call(model, input_ids)
         state, x, dt, A, B, C, D = args[:7]
-        entry = dropin._adopted.get((id(state), id(patch.config)))
-        if entry is None or not entry.kernel.capabilities.cuda_graphs:
+        found = dropin.served(state, patch.config)
+        if found is None or not found[0].capabilities.cuda_graphs:
             return None
         import torch
 
         slots = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
         out = torch.empty_like(x)
-        raw, adopted = entry.kernel.raw_step, entry.state
+        raw, adopted = found[0].raw_step, found[1]
         z, dt_bias = kwargs.get("z"), kwargs.get("dt_bias")
         with torch.no_grad():
             return graph_time_us(
