@@ -4,9 +4,10 @@
 #   source scripts/gpu-setup.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
 # modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
-# verify-flashinfer, tests-replay, verify-replay, overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
-# hf-overhead, bench-all (the four GPU backends in one run), bench-8bit (triton's 8-bit states against
-# bf16, one run).
+# verify-flashinfer, tests-replay, verify-replay, tests-lanes (lanes and the drop-in on the GPU),
+# overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
+# hf-overhead, hf-in-situ (the in-situ SSU calls and ssu compare alone), bench-all (the four GPU
+# backends in one run), bench-8bit (triton's 8-bit states against bf16, one run).
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -69,6 +70,13 @@ for stage in "$@"; do
     bench-all) timeout 580 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,512,1024}" \
       --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-all" 2>&1 | grep -v '^\[ssu' \
       | tee "$OUT/bench-all.log" | tail -70 ;;
+    tests-lanes) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py \
+      tests/test_transformers_gpu.py -k "lane or direct or dropin or (generation and triton)" 2>&1 \
+      | tee "$OUT/gpu-tests-lanes.log" | tail -15 ;;
+    hf-in-situ) { timeout 200 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
+        --layers 4 --dtype fp32 --device cuda --backend triton --rounds 3
+      timeout 150 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \
+        --backend triton; } 2>&1 | grep -v 'falling back' | tee "$OUT/hf-in-situ.log" ;;
     hf-overhead) { timeout 120 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
         --layers 4 --dtype fp32 --device cuda --backend triton --triton-dispatch 2>&1 | sed -n '/^hf_ssu/,/device time/p'
       timeout 240 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
