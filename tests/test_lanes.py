@@ -1,6 +1,7 @@
-"""Lanes (plugin API 1.6, ``ssu.contract.LaneFn``): a kernel hands its backend's lane out only
-where skipping the step's per-call work keeps every guarantee the step gives, and the drop-in sends
-a model's decode calls through it, taking the step whenever the lane declines."""
+"""Lanes (plugin API 1.6, ``ssu.contract.LaneFn``) and cache lanes (1.7,
+``ssu.contract.CacheLaneFn``): a kernel hands its backend's lanes out only where skipping the
+step's per-call work keeps every guarantee the step gives, and the drop-in (and the transformers
+patch) send a model's decode calls through them, taking the step whenever a lane declines."""
 
 from __future__ import annotations
 
@@ -265,7 +266,8 @@ def test_no_cache_lane_for_an_allocated_state_or_an_older_backend(gen):
 def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
     """A transformers model through the patch: one adoption for the whole decode (the layers' caches,
     and the copies transformers from 5.25 makes of them at each step, share one layout), every
-    later call through the cache lane, the same tokens and states as transformers' own path."""
+    later call through the cache lane, which the patched function tries itself (the drop-in is
+    called once), the same tokens and states as transformers' own path."""
     pytest.importorskip("transformers")
     from ssu.integrations import hf_models
     from ssu.integrations import transformers as integration
@@ -276,10 +278,13 @@ def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
     prepared = []
     prepare = ssu.dropin._prepare
     monkeypatch.setattr(ssu.dropin, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    dropin_calls = []
+    dropin = ssu.dropin.selective_state_update
+    monkeypatch.setattr(ssu.dropin, "selective_state_update", lambda *a, **k: dropin_calls.append(1) or dropin(*a, **k))
     with integration.patch(model, backend=Laned.NAME) as patch:
         through = hf_models.generate(model, ids, 5)
     calls = 4 * len(patch.mixers)  # 4 decode steps per mixer
-    assert len(prepared) == 1 and cache_laned.cache_served == calls - 1
+    assert len(prepared) == 1 and cache_laned.cache_served == calls - 1 and len(dropin_calls) == 1
     assert torch.equal(own.sequences, through.sequences)
     for a, b in zip(own.recurrent_states(), through.recurrent_states()):
         assert oracle.rel_error(b, a) <= oracle.state_tolerance("fp32")

@@ -168,6 +168,16 @@ def _bind_lane(entry: _Adopted, key: tuple, *call) -> None:
     del entry.lanes[LANES:]
 
 
+def lanes_of(config: Optional["Config"] = None, pad_slot_id: int = -1) -> tuple:
+    """``(table, key)``: the cache lanes of ``config``'s plain calls with ``pad_slot_id`` are
+    ``table.get(key, ())``, most recent first, each ``lane(state, x, dt, A, B, C, D, z, dt_bias,
+    dt_softplus)`` returning the output or None for a call it declines. For a caller that makes
+    the drop-in's plain calls itself (the transformers patch) and tries them before the call: the
+    table is the same object for the life of the process (:func:`clear` empties it), so it is
+    looked up per call and never held stale."""
+    return _lanes, (id(config), pad_slot_id)
+
+
 def _layout(t) -> tuple:
     """What a cache lane compares of the tensor it steps, as :func:`kernel_for` compares it."""
     return (tuple(t.shape), t.stride(), t.dtype, t.device)

@@ -445,6 +445,7 @@ class StepLaunches:
         pick = operator.itemgetter(*given)
         guard = layout_guard((read if cache is None else cache, *pick((x, dt, A, B, C, D, z, dt_bias))))
         check, empty_like, raw_stream = guard.check, torch.empty_like, _raw_stream
+        every = len(given) == 8  # D, z and dt_bias all given (Mamba2 mixers pass them): no picking
 
         def run(target, x, dt, A, B, C, D, z, dt_bias, softplus):
             if (
@@ -453,7 +454,11 @@ class StepLaunches:
                 or (z is None) is not no_z
                 or (dt_bias is None) is not no_bias
                 or _current_device() != device
-                or not check(target, *pick((x, dt, A, B, C, D, z, dt_bias)))
+                or not (
+                    check(target, x, dt, A, B, C, D, z, dt_bias)
+                    if every
+                    else check(target, *pick((x, dt, A, B, C, D, z, dt_bias)))
+                )
             ):
                 return None
             out = empty_like(x)

@@ -4,7 +4,7 @@
     ssu_hf.patch(model)                        # or: with ssu_hf.patch(model): model.generate(...)
 
 After :func:`patch`, every Mamba2 mixer of ``model`` (Mamba2, NemotronH, FalconH1, Bamba,
-GraniteMoeHybrid and Zamba2 in transformers 5.17 to 5.24) runs its one-token decode SSU through
+GraniteMoeHybrid and Zamba2 in transformers 5.17 to 5.25) runs its one-token decode SSU through
 :func:`ssu.selective_state_update` on the tensor transformers keeps in its cache for that layer:
 the cache is stepped in place (no copy), so transformers' own prefill of a next turn, beam
 reordering and everything else that reads the cache see ssu's states. Prefill (the chunked
@@ -13,7 +13,10 @@ scan), convolutions, norms and projections stay transformers' own.
 How: a transformers Mamba2 mixer calls the module-level function ``mamba2_selective_state_update``
 of its modeling module; :func:`patch` replaces that function, in each modeling module with a
 patched mixer, by one that sends the call to ssu while a patched mixer is running and to the
-original otherwise, so other models in the process are not affected. A patched mixer's
+original otherwise, so other models in the process are not affected; a decode call tries the
+config's cache lanes (:func:`ssu.dropin.lanes_of`) before the drop-in call, the shortest path on
+the host (transformers from 5.25 passes a fresh copy of the layer's cache each step, which a cache
+lane steps as it would the cache). A patched mixer's
 ``forward`` is wrapped (an instance attribute) to mark it running, rather than given forward
 hooks, which would move every call of the mixer onto torch's slower hook path.
 :meth:`Patch.undo` removes the wrappers and puts the original back when no patch uses it.
@@ -37,7 +40,7 @@ MAMBA1_FUNCTION = "mamba_selective_state_update"
 #: the mixer attributes the shapes are read from
 SHAPE_ATTRIBUTES = ("num_heads", "head_dim", "ssm_state_size", "n_groups")
 #: transformers versions these modules were tested with
-TESTED = "5.17 to 5.24"
+TESTED = "5.17 to 5.25"
 
 
 class UnsupportedModelError(SSUError, ValueError):
@@ -55,6 +58,13 @@ class Serving:
 
     config: Any
     state_rounding: Optional[str] = None
+    #: the key of the config's cache lanes in :func:`ssu.dropin.lanes_of`'s table
+    lanes: tuple = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        from ..dropin import lanes_of
+
+        object.__setattr__(self, "lanes", lanes_of(self.config)[1])
 
 
 #: modeling module name -> [original function, number of patches using it]
@@ -248,10 +258,12 @@ def _dispatcher(original, selective_state_update):
     plain call (no dynamo wrapper in the way)."""
     import torch
 
+    from ..dropin import lanes_of
     from ..quant import stored
 
     compiled_out = torch.compiler.disable(selective_state_update)
     is_compiling = torch.compiler.is_compiling
+    lanes = lanes_of()[0]
 
     def mamba2_selective_state_update(
         state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **kwargs
@@ -261,8 +273,18 @@ def _dispatcher(original, selective_state_update):
             return original(
                 state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z, **kwargs
             )
-        call = compiled_out if is_compiling() else selective_state_update
-        out = call(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=serving.config)
+        if is_compiling():
+            out = compiled_out(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=serving.config)
+        else:
+            # the drop-in's own first move for a plain call, made here: one Python call less
+            for lane in lanes.get(serving.lanes, ()):
+                out = lane(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus)
+                if out is not None:
+                    break
+            else:
+                out = selective_state_update(
+                    state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=serving.config
+                )
         if serving.state_rounding is not None:  # what an 8-bit cache would hold now
             state.copy_(stored(state, serving.state_rounding))
         return out
