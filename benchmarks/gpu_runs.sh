@@ -7,7 +7,8 @@
 # verify-flashinfer, tests-replay, verify-replay, tests-lanes (lanes and the drop-in on the GPU),
 # overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
 # hf-overhead, hf-in-situ (the in-situ SSU calls and ssu compare alone), bench-all (the four GPU
-# backends in one run), bench-8bit (triton's 8-bit states against bf16, one run).
+# backends in one run), bench-8bit (triton's 8-bit states against bf16, one run), bench-8bit-all
+# (int8 and bf16 states, the four GPU backends, one run).
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -83,6 +84,9 @@ for stage in "$@"; do
         --layers 4 --dtype fp32 --device cuda --backend triton
       timeout 200 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \
         --backend triton; } 2>&1 | grep -v 'falling back' | tee "$OUT/hf-overhead.log" ;;
+    bench-8bit-all) timeout 580 python3 -m ssu bench --state-dtype bf16,int8 --batches "${BENCH_BATCHES:-1,8,128,512,1024}" \
+      --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-8bit-all" 2>&1 \
+      | grep -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
     bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
       --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
     *) echo "unknown stage $stage" ;;

@@ -11,6 +11,7 @@ each run, median of runs):
   step launches directly);
 - ``raw``: the backend's step callable (``kernel.raw_step``);
 - ``kernel.step``: with the kernel's validation (once per input signature);
+- ``cache lane``: the kernel's cache lane alone (``ssu.dropin.lanes_of``), where it has one;
 - ``drop-in``: ``ssu.selective_state_update`` on the model's cache tensor;
 - ``patched``: the modeling module's function as the patch left it, inside a patched mixer;
 - ``kernel``: the step's device time alone (CUDA events over back-to-back launches).
@@ -18,7 +19,8 @@ each run, median of runs):
 Then each layer's one-token SSU call clocked where the decode makes it (``hf_models.timed_calls``,
 as ``ssu compare`` clocks it; median over ``--rounds`` turns of 15 decode steps), through ssu as it
 ships (cache lanes, plugin API 1.7), through ssu with lanes of one adopted tensor only (the
-kernels' cache lanes withheld, as for a backend of plugin API 1.6), and for the null SSU.
+kernels' cache lanes withheld, as for a backend of plugin API 1.6), for the output's allocation
+and the Triton launch alone (the floor of any eager Triton SSU there), and for the null SSU.
 transformers from 5.25 hands the SSU a fresh copy of the layer's cache at every step, which only a
 cache lane serves without adopting it again. Then a decode step of the whole model under torch's
 profiler (the ops with the most host time) and under cProfile (the Python functions with the most
@@ -104,9 +106,17 @@ def main() -> None:
         "drop-in": lambda: ssu.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, True, config=patch.config),
         "patched": lambda: module_function(*call_args, **call_kwargs),
     }
+    table, key = ssu.dropin.lanes_of(patch.config)
+    if table.get(key):
+        lane = table[key][0]
+        levels["cache lane"] = lambda: lane(state, x, dt, A, B, C, D, z, dt_bias, True)
     launcher = kept_launch(kernel, levels["raw"])
     if launcher is not None:
-        levels = {"zeros": levels["zeros"], "launcher": launcher, **{k: v for k, v in levels.items() if k != "zeros"}}
+        levels["launcher"] = launcher
+    # each level adds to the one before it in its path: the patched path's, then the step's
+    order = ("zeros", "launcher", "cache lane", "drop-in", "patched", "raw", "kernel.step")
+    adds_to = {"cache lane": "launcher", "drop-in": "cache lane", "patched": "drop-in", "kernel.step": "raw"}
+    levels = {name: levels[name] for name in order if name in levels}
     print(
         f"hf_ssu_overhead: {args.arch} {args.preset} ({kernel.problem.describe()}), {args.dtype} model, "
         f"batch {args.batch}, backend {kernel.backend}"
@@ -114,18 +124,17 @@ def main() -> None:
         f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}"
     )
     print(f"{'level':14s} {'host us/call':>13s} {'added us':>9s}")
-    previous = None
-    first_of_the_path = "launcher" if launcher is not None else "raw"  # the levels after it add to it
+    timed: dict = {}
     for name, fn in levels.items():
-        us = host_times_us({name: fn}, count=args.calls, cuda=args.device.startswith("cuda"))[name]
-        added = "" if name in ("zeros", first_of_the_path) else f"{us - previous:9.1f}"
+        us = timed[name] = host_times_us({name: fn}, count=args.calls, cuda=args.device.startswith("cuda"))[name]
+        before = adds_to.get(name)
+        added = f"{us - timed[before]:9.1f}" if before in timed else ""
         print(f"{name:14s} {us:13.1f} {added:>9s}")
-        previous = us
     if args.device.startswith("cuda"):
         print(f"{'kernel':14s} {device_us(levels['raw'], args.calls):13.1f}   (device time per launch)")
     ssu_hf._running.reset(token)
     patch.undo()
-    in_situ(model, ids, patch.config, args.rounds)
+    in_situ(model, ids, patch.config, args.rounds, launcher)
     patch = ssu_hf.patch(model, config=patch.config)
 
     print("\none decode step of the patched model, torch profiler (host time):")
@@ -150,15 +159,27 @@ def main() -> None:
     patch.undo()
 
 
-def in_situ(model, ids, config, rounds: int) -> None:
+def in_situ(model, ids, config, rounds: int, launcher=None) -> None:
     """Median host time of a layer's one-token SSU call inside greedy decodes of 16 tokens, per
-    path, the paths taking turns (each path opens its kernels afresh and warms up first)."""
+    path, the paths taking turns (each path opens its kernels afresh and warms up first). With
+    ``launcher`` (:func:`kept_launch`'s), also the floor of an eager Triton SSU there: the
+    output's allocation and that one launch alone (on the first decode call's tensors; timing
+    only), what a call through ssu pays beyond it being ssu's own Python."""
     import transformers
 
     def withheld(*args, **kwargs):
         return None
 
-    paths = ("ssu, cache lanes", "ssu, lanes of one tensor", "zeros")
+    def launch_alone(function):
+        def call(state, x, *args, **kwargs):
+            out = x.new_empty(x.shape)
+            launcher()
+            return out
+
+        return call
+
+    floor = "launch and allocation alone"
+    paths = ("ssu, cache lanes", "ssu, lanes of one tensor") + ((floor,) if launcher else ()) + ("zeros",)
     seconds: dict = {name: [] for name in paths}
     shipped = ssu.Kernel.cache_lane
     for _ in range(rounds):
@@ -166,7 +187,13 @@ def in_situ(model, ids, config, rounds: int) -> None:
             ssu.dropin.clear()
             ssu.Kernel.cache_lane = withheld if name == "ssu, lanes of one tensor" else shipped
             try:
-                with hf_models.null_ssu(model) if name == "zeros" else ssu_hf.patch(model, config=config):
+                if name == "zeros":
+                    context = hf_models.null_ssu(model)
+                elif name == floor:
+                    context = hf_models.replaced_ssu(model, launch_alone)
+                else:
+                    context = ssu_hf.patch(model, config=config)
+                with context:
                     hf_models.generate(model, ids, 2)
                     with hf_models.timed_calls(model) as calls:
                         hf_models.generate(model, ids, 16)
@@ -176,11 +203,11 @@ def in_situ(model, ids, config, rounds: int) -> None:
     ssu.dropin.clear()
     zeros = statistics.median(seconds["zeros"]) * 1e6
     print(f"\nin-situ one-token SSU calls (transformers {transformers.__version__}, {rounds} rounds of 15 steps):")
-    print(f"{'path':26s} {'calls':>6s} {'host us/call':>13s} {'above zeros':>12s}")
+    print(f"{'path':28s} {'calls':>6s} {'host us/call':>13s} {'above zeros':>12s}")
     for name in paths:
         us = statistics.median(seconds[name]) * 1e6
         above = "" if name == "zeros" else f"{us - zeros:12.1f}"
-        print(f"{name:26s} {len(seconds[name]):6d} {us:13.1f} {above:>12s}")
+        print(f"{name:28s} {len(seconds[name]):6d} {us:13.1f} {above:>12s}")
 
 
 def kept_launch(kernel, raw):
