@@ -32,6 +32,7 @@ class Laned:
         self.served = 0  # calls a lane served
         self.cache_bound: list = []  # the batch of each cache lane bound
         self.cache_served = 0  # calls a cache lane served
+        self.cache_asked = 0  # calls a cache lane was asked to serve
 
     @ssu.hookimpl
     def ssu_backend(self):
@@ -75,6 +76,7 @@ class Laned:
             self.cache_bound.append(batch)
 
             def run(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+                self.cache_asked += 1
                 if x.shape[0] != batch or (cache.shape, cache.stride(), cache.dtype) != layout:
                     return None
                 self.cache_served += 1
@@ -279,8 +281,8 @@ def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
     prepare = ssu.dropin._prepare
     monkeypatch.setattr(ssu.dropin, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
     dropin_calls = []
-    dropin = ssu.dropin.selective_state_update
-    monkeypatch.setattr(ssu.dropin, "selective_state_update", lambda *a, **k: dropin_calls.append(1) or dropin(*a, **k))
+    dropin = ssu.dropin.after_cache_lanes
+    monkeypatch.setattr(ssu.dropin, "after_cache_lanes", lambda *a, **k: dropin_calls.append(1) or dropin(*a, **k))
     with integration.patch(model, backend=Laned.NAME) as patch:
         through = hf_models.generate(model, ids, 5)
     calls = 4 * len(patch.mixers)  # 4 decode steps per mixer
@@ -288,3 +290,26 @@ def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
     assert torch.equal(own.sequences, through.sequences)
     for a, b in zip(own.recurrent_states(), through.recurrent_states()):
         assert oracle.rel_error(b, a) <= oracle.state_tolerance("fp32")
+
+
+def test_a_patched_call_every_cache_lane_declines_asks_each_once(cache_laned, monkeypatch):
+    """A decode of another batch size than the lanes were bound for: the patched function asks the
+    bound cache lane, which declines, and goes on with the drop-in's step without asking it again."""
+    pytest.importorskip("transformers")
+    from ssu.integrations import hf_models
+    from ssu.integrations import transformers as integration
+
+    model = hf_models.random_model("nemotron_h", "tiny", 2)
+    gen = torch.Generator().manual_seed(0)
+    first, second = torch.randint(0, 1024, (2, 6), generator=gen), torch.randint(0, 1024, (3, 6), generator=gen)
+    own = hf_models.generate(model, second, 3)
+    with integration.patch(model, backend=Laned.NAME) as patch:
+        hf_models.generate(model, first, 3)
+        bound, asked = len(cache_laned.cache_bound), cache_laned.cache_asked
+        through = hf_models.generate(model, second, 3)
+    calls = 2 * len(patch.mixers)  # 2 decode steps per mixer
+    assert bound == 1 and cache_laned.cache_bound[1:] == [3]  # one lane per batch size, bound once
+    # the batch-2 lane declines every call of batch 3 once; from the second call the batch-3 lane
+    # (bound after the first) serves, asked first
+    assert cache_laned.cache_asked - asked == 1 + (calls - 1)
+    assert torch.equal(own.sequences, through.sequences)

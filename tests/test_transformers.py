@@ -39,9 +39,10 @@ def assert_same(own, through):
 
 
 def ssu_calls(patch):
-    """Count the calls that reach ssu through the patched modeling modules."""
+    """Count the calls that reach ssu's drop-in through the patched modeling modules (eagerly, after
+    the config's cache lanes, which the reference backend has none of)."""
     counter = [0]
-    real = ssu.dropin.selective_state_update
+    real = ssu.dropin.after_cache_lanes
 
     def counting(*args, **kwargs):
         counter[0] += 1
@@ -56,7 +57,7 @@ def test_greedy_tokens_and_states_equal_transformers_own(arch, monkeypatch):
     ids = prompt()
     own = hf_models.generate(model, ids, 5)
     counter, counting = ssu_calls(None)
-    monkeypatch.setattr(ssu.dropin, "selective_state_update", counting)
+    monkeypatch.setattr(ssu.dropin, "after_cache_lanes", counting)
     with integration.patch(model, backend="reference") as patch:
         through = hf_models.generate(model, ids, 5)
     assert counter[0] == 4 * len(patch.mixers) and len(patch.mixers) >= 2  # 4 decode steps per mixer
@@ -119,7 +120,7 @@ def test_only_the_patched_model_is_routed_and_undo_restores(monkeypatch):
     module = sys.modules[type(integration.find_mixers(patched)[0][1]).__module__]
     original = getattr(module, integration.FUNCTION)
     counter, counting = ssu_calls(None)
-    monkeypatch.setattr(ssu.dropin, "selective_state_update", counting)
+    monkeypatch.setattr(ssu.dropin, "after_cache_lanes", counting)
     patch = integration.patch(patched, backend="reference")
     assert getattr(module, integration.FUNCTION) is not original and integration.patched(patched) is patch
     hf_models.generate(other, prompt(), 3)

@@ -118,6 +118,35 @@ def selective_state_update(
             y = lane(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
             if y is not None:
                 return y
+    return after_cache_lanes(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dst_state_batch_indices,
+        pad_slot_id, out, config=config,
+    )  # fmt: skip
+
+
+def after_cache_lanes(
+    state: "Tensor",
+    x: "Tensor",
+    dt: "Tensor",
+    A: "Tensor",
+    B: "Tensor",
+    C: "Tensor",
+    D: Optional["Tensor"] = None,
+    z: Optional["Tensor"] = None,
+    dt_bias: Optional["Tensor"] = None,
+    dt_softplus: bool = False,
+    state_batch_indices: Optional["Tensor"] = None,
+    dst_state_batch_indices: Optional["Tensor"] = None,
+    pad_slot_id: int = -1,
+    out: Optional["Tensor"] = None,
+    *,
+    config: Optional["Config"] = None,
+) -> "Tensor":
+    """:func:`selective_state_update` from the point where the config's cache lanes (the tables of
+    :func:`lanes_of`) have been tried and declined the call, or do not apply to it (slot ids or
+    ``out`` given): for a caller that tries those lanes itself (the transformers patch), so that
+    a call every lane declines does not try them twice."""
+    plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
     entry = _adopted.get((id(state), id(config)))
     b = x.shape[0]
     if entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id:

@@ -14,7 +14,8 @@ How: a transformers Mamba2 mixer calls the module-level function ``mamba2_select
 of its modeling module; :func:`patch` replaces that function, in each modeling module with a
 patched mixer, by one that sends the call to ssu while a patched mixer is running and to the
 original otherwise, so other models in the process are not affected; a decode call tries the
-config's cache lanes (:func:`ssu.dropin.lanes_of`) before the drop-in call, the shortest path on
+config's cache lanes (:func:`ssu.dropin.lanes_of`) itself and, where every lane declines it, goes
+on with the rest of the drop-in (:func:`ssu.dropin.after_cache_lanes`): the shortest path on
 the host (transformers from 5.25 passes a fresh copy of the layer's cache each step, which a cache
 lane steps as it would the cache). A patched mixer's
 ``forward`` is wrapped (an instance attribute) to mark it running, rather than given forward
@@ -198,7 +199,7 @@ def patch(model, config=None, *, state_rounding: Optional[str] = None, **options
     cache transformers keeps in fp32 (the time per token then includes the rounding).
     """
     from ..config import Config, load_config
-    from ..dropin import selective_state_update
+    from ..dropin import after_cache_lanes, selective_state_update
 
     if getattr(model, "_ssu_patch", None) is not None:
         raise ConfigError(
@@ -227,7 +228,7 @@ def patch(model, config=None, *, state_rounding: Optional[str] = None, **options
         if name not in _patched_modules:
             original = getattr(module, FUNCTION)
             _patched_modules[name] = [original, 0]
-            setattr(module, FUNCTION, _dispatcher(original, selective_state_update))
+            setattr(module, FUNCTION, _dispatcher(original, selective_state_update, after_cache_lanes))
         _patched_modules[name][1] += 1
     for mixer in result.mixers:
         mixer.forward = _marking(mixer.forward, result.serving)
@@ -251,7 +252,7 @@ def _marking(forward, serving: Serving):
     return marked_forward
 
 
-def _dispatcher(original, selective_state_update):
+def _dispatcher(original, selective_state_update, after_cache_lanes):
     """The modeling module's new function: ssu while a patched mixer runs, else the original. Under
     ``torch.compile`` the call to ssu is a graph break: it runs as it does eagerly (its kernel
     lookups and checks are Python), the rest of the model compiled around it; eagerly it is a
@@ -276,13 +277,14 @@ def _dispatcher(original, selective_state_update):
         if is_compiling():
             out = compiled_out(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=serving.config)
         else:
-            # the drop-in's own first move for a plain call, made here: one Python call less
+            # the drop-in's own first move for a plain call, made here (one Python call less), then
+            # the rest of the drop-in where every lane declines
             for lane in lanes.get(serving.lanes, ()):
                 out = lane(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus)
                 if out is not None:
                     break
             else:
-                out = selective_state_update(
+                out = after_cache_lanes(
                     state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus, config=serving.config
                 )
         if serving.state_rounding is not None:  # what an 8-bit cache would hold now
