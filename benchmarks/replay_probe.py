@@ -8,7 +8,8 @@ writes its checkpoint ("write"). Prints microseconds and the bandwidth of each r
 
 ``--tokens`` above 1 times a speculative step instead (the regimes as :func:`regime_cursors` sets
 them). A plan's fifth number is the fold kernel's heads per program (0 or absent: rows fold inside the
-step kernel). ``--fold-shapes`` times the fold kernel in other shapes (rows:warps:pipeline
+step kernel), its sixth 1 for the B . C products inside the step kernel (no gram kernel), its
+seventh the fold loop's pipeline depth. ``--fold-shapes`` times the fold kernel in other shapes (rows:warps:pipeline
 stages:beside, the last 1 when the step kernel runs beside it, 0 when it waits for it).
 ``--kernels`` names modules that define ``replay_kernel`` with the shipped kernel's
 signature (the shipped one by default), so that kernel variants are compared in one run. CUDA-graph replays, cold
@@ -68,8 +69,10 @@ def regime_bytes(problem, batch: int, regime: str, window: int, counts) -> float
     return batch * (ck * (1 + flushing) + ring_row * (mean_k + appended)) + io_bytes(p, batch)
 
 
-def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: int) -> tuple:
-    """(microseconds, bytes) of one launch of ``plan`` in ``regime``."""
+def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: int, gram: bool = True) -> tuple:
+    """(microseconds, bytes) of one launch of ``plan`` in ``regime``; without ``gram`` the gram
+    kernel is not launched (the step reads stale products: a bound on what its launch costs, the
+    outputs wrong)."""
     import torch
 
     from ssu.inputs import step_inputs
@@ -78,6 +81,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     from ssu_backend_triton.replay_launch import Plan, ReplayConstants
 
     replay_launch.replay_kernel = importlib.import_module(kernel_module).replay_kernel
+    replay_launch.kernel_call = _KERNEL_CALL if gram else _without_gram
     T = problem.tokens_per_step
     ring = window + T
     slot_bytes = problem.state_bytes_per_slot() + replay_layout.ring_bytes_per_slot(problem, ring)
@@ -94,7 +98,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     start, count = start.to(problem.device), count.to(problem.device)
     views = state.views[0]
     consts = ReplayConstants(-1, sets * batch, problem.heads_per_group, T > 1, ring, False, 10)
-    plan = Plan(*plan[:4], 0 if regime == "write" else window, 1, plan[4] if len(plan) > 4 else 0)
+    plan = Plan(*plan[:4], 0 if regime == "write" else window, 1, *plan[4:])
     record = torch.zeros(1, dtype=torch.int64, device=problem.device)
     slot_sets = [
         torch.arange(i * batch, (i + 1) * batch, dtype=torch.int32, device=problem.device) for i in range(sets)
@@ -120,6 +124,18 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     return us - us_reset, regime_bytes(problem, batch, regime, window, count)
 
 
+_KERNEL_CALL = None  # replay_launch's own kernel_call
+
+
+def _without_gram(jit, grid, compile_only=False):
+    """``replay_launch.kernel_call`` with the gram kernel's launches left out (``--no-gram``)."""
+    from ssu_backend_triton import replay_launch
+
+    if jit is replay_launch.gram_kernel:
+        return lambda *args, **kwargs: None
+    return _KERNEL_CALL(jit, grid, compile_only)
+
+
 def main(argv=None) -> None:
     import torch
     import triton
@@ -129,7 +145,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--state-dtype", default="fp32,bf16")
     ap.add_argument("--batches", default="128,1024")
-    ap.add_argument("--plans", default="8:1:8:4", help="block_p:num_warps:tiles:stages[:fold heads], comma separated")
+    ap.add_argument(
+        "--plans",
+        default="8:1:8:4",
+        help="block_p:num_warps:tiles:stages[:fold heads[:inline[:fold stages]]], comma separated",
+    )
     ap.add_argument("--kernels", default="ssu_backend_triton.replay_kernel")
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--window", type=int, default=15)
@@ -140,8 +160,12 @@ def main(argv=None) -> None:
         default="",
         help="rows:warps:stages:concurrent of the fold kernel, comma separated (default: the shipped one)",
     )
+    ap.add_argument("--no-gram", action="store_true", help="also time each plan without the gram kernel's launch")
     args = ap.parse_args(argv)
     from ssu_backend_triton import replay_launch
+
+    global _KERNEL_CALL
+    _KERNEL_CALL = replay_launch.kernel_call
 
     shipped = (replay_launch.FOLD_ROWS, replay_launch.FOLD_WARPS, replay_launch.FOLD_STAGES)
     shipped_text = ":".join(str(v) for v in (*shipped, int(replay_launch.FOLD_CONCURRENT)))
@@ -149,7 +173,7 @@ def main(argv=None) -> None:
     H, P, N, G = (int(v) for v in args.shape.split(","))
     versions = f"torch {torch.__version__} | triton {triton.__version__}"
     print(f"{torch.cuda.get_device_name()} | {versions} | H{H} P{P} N{N} G{G} | T{args.tokens}")
-    print(f"{'kernel':>28} {'state':>5} {'batch':>5} {'plan':>18} {'regime':>6} {'us':>8} {'TB/s':>6} {'ceil%':>6}")
+    print(f"{'kernel':>28} {'state':>5} {'batch':>5} {'plan':>18} {'regime':>8} {'us':>8} {'TB/s':>6} {'ceil%':>6}")
     for state_dtype in args.state_dtype.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             problem = ssu.Problem(
@@ -159,7 +183,9 @@ def main(argv=None) -> None:
             )  # fmt: skip
             for kernel in args.kernels.split(","):
                 for plan_text, fold_text in (
-                    (pt, ft) for pt in args.plans.split(",") for ft in (fold_shapes if pt.count(":") > 3 else ["-"])
+                    (pt, ft)
+                    for pt in args.plans.split(",")
+                    for ft in (fold_shapes if int((pt.split(":") + ["0"] * 5)[4]) else ["-"])
                 ):
                     plan = tuple(int(v) for v in plan_text.split(":"))
                     if fold_text != "-":
@@ -167,15 +193,18 @@ def main(argv=None) -> None:
                         replay_launch.FOLD_ROWS, replay_launch.FOLD_WARPS = rows, warps
                         replay_launch.FOLD_STAGES, replay_launch.FOLD_CONCURRENT = stages, bool(concurrent)
                         plan_text = f"{plan_text}/{fold_text}"
-                    for regime in args.regimes.split(","):
+                    for regime, gram in (
+                        (r, g) for r in args.regimes.split(",") for g in (True, False)[: 1 + args.no_gram]
+                    ):
+                        label = regime if gram else f"{regime}-g"
                         try:
-                            us, nbytes = probe(kernel, problem, batch, plan, regime, args.window)
+                            us, nbytes = probe(kernel, problem, batch, plan, regime, args.window, gram)
                         except Exception as exc:  # one failing variant does not stop the others
-                            print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>18} {regime:>6} "
+                            print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>18} {label:>8} "
                                   f"failed: {type(exc).__name__}: {str(exc)[:200]}")  # fmt: skip
                             continue
                         tbs = nbytes / us / 1e6
-                        print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>18} {regime:>6} "
+                        print(f"{kernel[-28:]:>28} {state_dtype:>5} {batch:5d} {plan_text:>18} {label:>8} "
                               f"{us:8.1f} {tbs:6.2f} {100 * tbs * 1e12 / CEILING:5.0f}%", flush=True)  # fmt: skip
 
 
