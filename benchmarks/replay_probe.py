@@ -8,8 +8,9 @@ writes its checkpoint ("write"). Prints microseconds and the bandwidth of each r
 
 ``--tokens`` above 1 times a speculative step instead (the regimes as :func:`regime_cursors` sets
 them). A plan's fifth number is the fold kernel's heads per program (0 or absent: rows fold inside the
-step kernel), its sixth 1 for the B . C products inside the step kernel (no gram kernel), its
-seventh the fold loop's pipeline depth. ``--fold-shapes`` times the fold kernel in other shapes (rows:warps:pipeline
+step kernel). ``--no-gram`` also times each plan without the gram kernel's launch (the step
+then reads stale B . C products: its outputs are wrong, its time a bound on what that launch
+costs). ``--fold-shapes`` times the fold kernel in other shapes (rows:warps:pipeline
 stages:beside, the last 1 when the step kernel runs beside it, 0 when it waits for it).
 ``--kernels`` names modules that define ``replay_kernel`` with the shipped kernel's
 signature (the shipped one by default), so that kernel variants are compared in one run. CUDA-graph replays, cold

@@ -1,4 +1,5 @@
-"""Random, realistic SSU inputs for a problem (used by ``ssu run``, ``ssu verify`` and tests).
+"""Random, realistic SSU inputs for a problem (used by ``ssu run``, ``ssu verify``, ``ssu bench``,
+warmup and tests), and the acceptance of a speculative step's drafts.
 
 Values are drawn in fp32, then rounded to the problem's dtypes, so that a backend and the float64
 oracle see exactly the same numbers. Magnitudes follow a trained Mamba2 layer: A in [-8, -1], raw
@@ -123,3 +124,23 @@ def pick_slots(problem, batch: int, generator, *, pad_rows: int = 0, index_dtype
     real = order[: batch - pad_rows]
     slots = torch.cat([real, torch.full((pad_rows,), p.pad_slot_id)])
     return slots.to(index_dtype or torch.int32).to(p.device)
+
+
+#: the chance that :func:`accepted_counts` keeps a draft token
+P_ACCEPT = 0.7
+
+
+def mean_accepted(tokens: int, p_accept: float = P_ACCEPT) -> float:
+    """The mean of :func:`accepted_counts`: 1 + p + p^2 + ... + p^(tokens - 1)."""
+    return sum(p_accept**j for j in range(tokens))
+
+
+def accepted_counts(batch: int, tokens: int, gen, device, p_accept: float = P_ACCEPT):
+    """Realistic acceptance for a speculative commit: each draft token is kept with probability
+    ``p_accept`` until the first rejection, so num_accepted = 1 + the run of kept drafts
+    (1..tokens), int32 on ``device``. ``ssu bench`` commits with it, and a backend's warmup should
+    time with it too (a ring backend's flushes follow the accepted tokens)."""
+    import torch
+
+    kept = torch.rand(batch, tokens - 1, generator=gen) < p_accept
+    return (1 + kept.int().cumprod(1).sum(1)).to(torch.int32).to(device)

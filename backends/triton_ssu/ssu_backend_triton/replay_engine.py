@@ -85,23 +85,6 @@ def fold_plans(problem, options, plan: Plan, windows) -> list[Plan]:
     return [plan._replace(window=w, fold=h) for w in windows if w > 0 for h in fold_heads_choices(problem, options)]
 
 
-#: the fold loop's pipeline depth that warmup times beside an unpipelined loop
-FOLD_STAGES = 3
-
-
-def latency_plans(problem, options, plan: Plan) -> list[Plan]:
-    """``plan`` again with what shortens a step that latency bounds (small batches): the B . C
-    products inside the step kernel (no gram launch before it), the fold loop's loads pipelined,
-    and both, as far as the options leave them to tuning. None for a plan with the fold kernel or
-    one that writes through (no gram kernel, no fold loop of its own to pipeline)."""
-    p, o = problem, options
-    if plan.fold or (plan.window == 0 and p.tokens_per_step == 1 and not p.speculative):
-        return []
-    inline = [plan.inline] if o.inline_gram >= 0 else [0, 1]
-    stages = [plan.fold_stages] if o.fold_stages >= 0 else [0, FOLD_STAGES]
-    return [plan._replace(inline=i, fold_stages=f) for i in inline for f in stages if (i, f) != plan[7:9]]
-
-
 def triton_options(options) -> TritonOptions:
     """The ``triton`` backend's options for the steps it serves here: the same launch-shape pins,
     tuning cache, tuning iterations and rounding; programmatic dependent launch tuned unless
@@ -205,10 +188,6 @@ class ReplayLauncher:
             plan = plan._replace(window=o.window)
         if o.fold_heads >= 0:
             plan = plan._replace(fold=o.fold_heads)
-        if o.inline_gram >= 0:
-            plan = plan._replace(inline=o.inline_gram)
-        if o.fold_stages >= 0:
-            plan = plan._replace(fold_stages=o.fold_stages)
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan
@@ -392,8 +371,7 @@ class ReplayLauncher:
         p, o = self.problem, self.options
         pin = self.pinned(bucket)
         shapes = [pin[:4]] if pin is not None else candidate_shapes(p)
-        inline, stages = max(o.inline_gram, 0), max(o.fold_stages, 0)  # as pinned, else first without
-        plans = [Plan(*shape, window, int(self.pdl), 0, inline, stages) for shape in shapes for window in windows]
+        plans = [Plan(*shape, window, int(self.pdl)) for shape in shapes for window in windows]
         best = self.time_plans(bucket, plans, log)
         extra = fold_plans(p, o, best[0], windows) if best is not None else []
         if extra:  # the fastest shape again, its flushing rows served by the fold kernel
@@ -401,18 +379,12 @@ class ReplayLauncher:
             folded = self.time_plans(bucket, extra, log)
             if folded is not None and folded[1] < best[1]:
                 best = folded
-        extra = latency_plans(p, o, best[0]) if best is not None else []
-        if extra:  # and without the gram launch, the fold loop pipelined
-            plans += extra
-            shorter = self.time_plans(bucket, extra, log)
-            if shorter is not None and shorter[1] < best[1]:
-                best = shorter
         return best, len(plans)
 
     def time_plans(self, bucket: int, plans: list, log: Callable) -> Optional[tuple]:
         """(fastest plan, its microseconds) over ``plans`` for one bucket, timed with CUDA-graph
         replays on a scratch state whose slots sit at random points of their windows."""
-        from ssu.inputs import step_inputs
+        from ssu.inputs import accepted_counts, step_inputs
         from ssu.timing import graph_time_us
 
         from . import replay_layout
@@ -437,7 +409,9 @@ class ReplayLauncher:
         outs = [torch.empty_like(i.x) for i in inputs]
         record = torch.zeros(1, dtype=torch.int64, device=p.device)
         consts = self.consts._replace(num_slots=sets * bucket, pad_slot_id=-1)
-        accepted = [torch.ones(bucket, dtype=torch.int32, device=p.device) for _ in slot_sets]
+        # each slot set commits the bench's realistic acceptance (a ring fills, and flushes, at the
+        # pace of the accepted tokens); the same counts for every plan
+        accepted = [accepted_counts(bucket, p.tokens_per_step, gen, p.device) for _ in slot_sets]
         s0, i0, o0 = slot_sets[0], inputs[0], outs[0]
         tuning.compile_in_parallel(
             lambda q=q: self.run_scratch(state, q, s0, i0, o0, record, consts, compile_only=True) for q in plans

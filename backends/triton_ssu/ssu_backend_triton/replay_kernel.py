@@ -187,15 +187,10 @@ def replay_kernel(
     PDL: tl.constexpr,
     CONCURRENT: tl.constexpr,
     QUANT: tl.constexpr,
-    INLINE_GRAM: tl.constexpr = False,
-    FOLD_STAGES: tl.constexpr = 0,
 ):
     """One program per (TILES tiles of BLOCK_P rows, head, batch row). Ring buffers of the layer:
     x (S, H, RING, P), B (S, G, RING, N), d and a (S, H, RING), cursors and tickets (S,); an 8-bit
-    checkpoint's row scales (S, H, P) (``QUANT``, ``tiles.quantized_rows``'s code; 0: none).
-    ``INLINE_GRAM``: the B . C products computed here (no gram kernel launched before) and, with
-    one tile a program, the checkpoint tile loaded beside the cursors; the fold loop's loads
-    pipelined ``FOLD_STAGES`` deep (below 2: not pipelined)."""
+    checkpoint's row scales (S, H, P) (``QUANT``, ``tiles.quantized_rows``'s code; 0: none)."""
     if PDL:  # programmatic dependent launch: let the next kernel be scheduled, then wait for the previous one
         tl.extra.cuda.gdc_launch_dependents()
         if not (FOLDED and CONCURRENT):  # beside the fold kernel, which has waited: they serve different rows
@@ -215,18 +210,6 @@ def replay_kernel(
         slots_ptr, dst_ptr, faults_ptr, row, (pid_p == 0) & (head == 0), pad_slot_id, num_slots, HAS_DST
     )
     safe = tl.where(valid, slot, 0)
-    # with INLINE_GRAM (plans for batches that latency bounds) a program of one tile loads its
-    # checkpoint tile now, beside the cursors, rather than after the flush rule is decided on them
-    PREFETCH: tl.constexpr = INLINE_GRAM and (TILES == 1) and not FOLDED and not WRITE_THROUGH
-    s_pre = 0.0
-    if PREFETCH:
-        offs_pre = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-        ok_pre = offs_pre < tl.where(valid, P, 0)
-        s_pre = load_checkpoint(
-            ck_ptr + safe * ck_slot + head * ck_head, scale_ptr + safe * sc_slot + head * sc_head,
-            offs_pre[:, None] * ck_p + tl.arange(0, BLOCK_N)[None, :], offs_pre,
-            ok_pre[:, None] & (tl.arange(0, BLOCK_N) < N)[None, :], ok_pre, QUANT,
-        )  # fmt: skip
     start = tl.load(start_ptr + safe, mask=valid, other=0)
     k = tl.load(count_ptr + safe, mask=valid, other=0)
     owner, moved, flush, fold, append = flush_rule(slot, dst, dst_ok, k, window, T, SPECULATIVE)
@@ -275,18 +258,7 @@ def replay_kernel(
             # per output token t (position k + t): weights of every earlier position from the gram
             # kernel's B . C products (:mod:`.replay_gram`), and the checkpoint's decay
             offs_t = tl.arange(0, TP)
-            if INLINE_GRAM:  # the products here, from every position's B row (no gram kernel before)
-                B_new = tl.load(
-                    B_ptr + row * B_b + tok[:, None] * B_t + group * B_g + offs_n[None, :] * B_n,
-                    mask=in_new[:, None] & mask_n[None, :],
-                    other=0.0,
-                )
-                grams = _grams(
-                    Br_base, ring_row, in_ring, B_new, C_ptr + row * C_b + group * C_g, C_t, C_n, offs_n, mask_n,
-                    T, TP, M, N,
-                )  # fmt: skip
-            else:
-                grams = tl.load(gram_ptr + row * g_b + group * (M * TP) + offs_m[:, None] * TP + offs_t[None, :])
+            grams = tl.load(gram_ptr + row * g_b + group * (M * TP) + offs_m[:, None] * TP + offs_t[None, :])
             weights = tl.zeros((M, TP), dtype=tl.float32)
             decays = tl.zeros((TP,), dtype=tl.float32)
             for t in tl.static_range(T):
@@ -296,6 +268,11 @@ def replay_kernel(
                 w = tl.where(offs_m <= m, tl.exp(cum_m - cum) * d_m * gram, 0.0)
                 weights = tl.where(offs_t[None, :] == t, w[:, None], weights)
                 decays = tl.where(offs_t == t, tl.exp(cum_m), decays)
+
+            # the new tokens' d and a join the ring (one program of the head; the gram kernel appends B)
+            if append & (pid_p == 0):
+                tl.store(d_base + ring_row, d_m, mask=in_new)
+                tl.store(a_base + ring_row, a_m, mask=in_new)
 
             seed = 0
             if STOCHASTIC:
@@ -317,33 +294,11 @@ def replay_kernel(
                 weights, decays, d_m, a_m, d_skip, has_d, has_z, seed, element,
             )  # fmt: skip
             if FOLDED:  # the rows served here read the checkpoint only
-                _tiles(
-                    *args, s_pre, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS, QUANT,
-                    PREFETCH, FOLD_STAGES,
-                )  # fmt: skip
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS, QUANT)
             elif flush:  # the rows that rewrite their checkpoint: one pass that folds and stores
-                _tiles(
-                    *args, s_pre, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS, QUANT,
-                    PREFETCH, FOLD_STAGES,
-                )  # fmt: skip
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, 0, True, STOCHASTIC, PHILOX_ROUNDS, QUANT)
             else:  # the others read the checkpoint only, with the tile loads pipelined STAGES deep
-                _tiles(
-                    *args, s_pre, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS, QUANT,
-                    PREFETCH, FOLD_STAGES,
-                )  # fmt: skip
-
-            # the new tokens' d and a join the ring (one program of the head), and with INLINE_GRAM
-            # their B rows (one program of the group; else the gram kernel appends them): after the
-            # tiles, so that no store stands before their loads
-            if append & (pid_p == 0):
-                tl.store(d_base + ring_row, d_m, mask=in_new)
-                tl.store(a_base + ring_row, a_m, mask=in_new)
-                if INLINE_GRAM:
-                    if head % HEADS_PER_GROUP == 0:
-                        tl.store(
-                            Br_base + ring_row[:, None] * N + offs_n[None, :], B_new,
-                            mask=in_new[:, None] & mask_n[None, :],
-                        )  # fmt: skip
+                _tiles(*args, T, TP, RING, P, N, BLOCK_P, TILES, STAGES, False, STOCHASTIC, PHILOX_ROUNDS, QUANT)
 
     move_cursors(
         start_ptr, count_ptr, ticket_ptr, safe, start, k, owner, flush, append, window, row_programs,
@@ -430,7 +385,6 @@ def _tiles(
     has_z,
     seed,
     element,
-    s_pre,
     T: tl.constexpr,
     TP: tl.constexpr,
     RING: tl.constexpr,
@@ -443,14 +397,11 @@ def _tiles(
     STOCHASTIC: tl.constexpr,
     PHILOX_ROUNDS: tl.constexpr,
     QUANT: tl.constexpr,
-    PREFETCHED: tl.constexpr,
-    FOLD_STAGES: tl.constexpr,
 ):
     """The program's tiles: each tile's outputs from the checkpoint tile and the ring rows (the
     new tokens' x appended to the ring); with ``FOLD`` the first ``fold`` positions applied to
-    the tile one by one (their loads pipelined ``FOLD_STAGES`` deep) and the tile stored, rounded
-    (or quantised with fresh row scales), at ``write_base``. With ``PREFETCHED`` (one tile) the
-    checkpoint tile is ``s_pre``, loaded by the caller."""
+    the tile one by one and the tile stored, rounded (or quantised with fresh row scales), at
+    ``write_base``."""
     rows = tl.arange(0, BLOCK_P)
     offs_t = tl.arange(0, TP)
     w0 = tl.sum(tl.where(offs_t[None, :] == 0, weights, 0.0), axis=1)
@@ -459,11 +410,8 @@ def _tiles(
         offs_p = (pid_p * TILES + i) * BLOCK_P + rows
         mask_p = offs_p < P
         tile = offs_p[:, None] * ck_p + offs_n[None, :]
-        if PREFETCHED:
-            s0 = s_pre
-        else:
-            read_p = offs_p < state_rows
-            s0 = load_checkpoint(read_base, rscale_base, tile, offs_p, read_p[:, None] & mask_n[None, :], read_p, QUANT)
+        read_p = offs_p < state_rows
+        s0 = load_checkpoint(read_base, rscale_base, tile, offs_p, read_p[:, None] & mask_n[None, :], read_p, QUANT)
         ring_mask = mask_p[:, None] & in_ring[None, :]
         new_mask = mask_p[:, None] & in_new[None, :]
         X_ring = tl.load(xr_base + ring_row[None, :] * P + offs_p[:, None], mask=ring_mask, other=0.0)
@@ -491,7 +439,7 @@ def _tiles(
             store_token_outputs(Y, z_base, o_base, offs_t, offs_p, z_t, z_p, o_t, o_p, out_mask, has_z)
         if FOLD:
             s = s0
-            for j in tl.range(0, fold, num_stages=FOLD_STAGES):
+            for j in range(0, fold):
                 in_r = j < k
                 r = (start + j) % RING
                 x_j = tl.load(
@@ -511,27 +459,6 @@ def _tiles(
                 s, write_base, wscale_base, tile, offs_p, offs_n, mask_p[:, None] & mask_n[None, :], mask_p, seed,
                 element, N, STOCHASTIC, PHILOX_ROUNDS, QUANT,
             )  # fmt: skip
-
-
-@triton.jit
-def _grams(
-    Br_base, ring_row, in_ring, B_new, C_row, C_t, C_n, offs_n, mask_n,
-    T: tl.constexpr, TP: tl.constexpr, M: tl.constexpr, N: tl.constexpr,
-):  # fmt: skip
-    """``gram[m, t] = B_m . C_t`` (M, TP) in fp32 for a program that computes them itself: B of
-    the ring's positions from the ring, of the new ones ``B_new`` (zero elsewhere), as the gram
-    kernel computes them (:mod:`.replay_gram`)."""
-    B_ring = tl.load(
-        Br_base + ring_row[:, None] * N + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0
-    )
-    B_m = B_ring.to(tl.float32) + B_new.to(tl.float32)  # one of the two is zero at each position
-    offs_t = tl.arange(0, TP)
-    grams = tl.zeros((M, TP), dtype=tl.float32)
-    for t in tl.static_range(T):
-        C_tok = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
-        dots = tl.sum(B_m * C_tok[None, :], axis=1)
-        grams = tl.where(offs_t[None, :] == t, dots[:, None], grams)
-    return grams
 
 
 @triton.jit

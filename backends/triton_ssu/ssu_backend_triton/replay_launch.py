@@ -29,12 +29,7 @@ class Plan(NamedTuple):
     over its tiles (0: not pipelined), the flush ``window`` (ring tokens a step may leave unfolded:
     0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch), ``fold``: the
     heads per program of the fold kernel that folds the rows that flush, launched before the step
-    kernel (0: those rows fold inside the step kernel); ``inline``: the step kernel computes the
-    B . C products itself instead of the gram kernel launched before it and, with one tile a
-    program, loads its checkpoint tile beside the cursors (a launch and a wait less, for batches
-    where launches and latency set the time; only without the fold kernel);
-    ``fold_stages``: the pipeline depth of the loads of the step kernel's own fold loop (below 2:
-    not pipelined)."""
+    kernel (0: those rows fold inside the step kernel)."""
 
     block_p: int
     num_warps: int
@@ -43,8 +38,6 @@ class Plan(NamedTuple):
     window: int = 0
     pdl: int = 0
     fold: int = 0
-    inline: int = 0
-    fold_stages: int = 0
 
 
 class ReplayConstants(NamedTuple):
@@ -66,7 +59,7 @@ def launch(
     """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
     Returns Triton's handle of the compiled step kernel. With ``compile_only`` the kernels are
     compiled (or queued for compilation, :func:`~.tuning.compile_in_parallel`), not run."""
-    block_p, num_warps, tiles, stages, window, pdl, fold, inline, fold_stages = plan
+    block_p, num_warps, tiles, stages, window, pdl, fold = plan
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -117,10 +110,9 @@ def launch(
         launch_pdl=pdl,
     )
     write_through = window == 0 and T == 1 and not consts.speculative and not folded
-    inline = bool(inline) and not folded and not write_through
     M, TP = next_power_of_2(consts.ring), next_power_of_2(T)
     gram = views.gram
-    if not (write_through or inline):  # first: every row's B . C products, shared by the heads of a group
+    if not write_through:  # first: every row's B . C products, shared by the heads of a group
         kernel_call(gram_kernel, (B.shape[-2], b), compile_only)(
             gram, views.B_ring, views.start, views.count, B, C, slots,
             dst_slots if dst_slots is not None else slots, faults,
@@ -156,8 +148,6 @@ def launch(
         SPECULATIVE=consts.speculative,
         FOLDED=folded,
         WRITE_THROUGH=write_through,
-        INLINE_GRAM=inline,
-        FOLD_STAGES=fold_stages if not (folded or write_through) else 0,
         num_warps=num_warps,
         **shared,
     )

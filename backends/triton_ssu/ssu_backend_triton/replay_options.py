@@ -27,11 +27,7 @@ class ReplayOptions:
     loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``fold_heads``: the rows
     that flush are served by a kernel of their own launched before the step kernel (which serves
     the other rows beside it), with this many heads per program (-1: tuned with the launch shape,
-    off without tuning; 0: never, they fold inside the step kernel). ``inline_gram``: the step
-    kernel computes the B . C products itself rather than after a gram kernel launched before it
-    (1: always, 0: never, -1: tuned; only without the fold kernel); ``fold_stages``: the pipeline
-    depth of the loads of the step kernel's own fold loop (-1: tuned, 0: not pipelined, else 2 to
-    4). ``programmatic_launch``: the step
+    off without tuning; 0: never, they fold inside the step kernel). ``programmatic_launch``: the step
     and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
     ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
     of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
@@ -48,8 +44,6 @@ class ReplayOptions:
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     fold_heads: int = attrs.field(default=-1, validator=in_range(-1, 256))
-    inline_gram: int = attrs.field(default=-1, validator=in_range(-1, 1))
-    fold_stages: int = attrs.field(default=-1, validator=choice(-1, 0, 2, 3, 4))
     programmatic_launch: bool = True
     tuning_cache: Optional[str] = None
     tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))

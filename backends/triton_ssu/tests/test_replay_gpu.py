@@ -38,19 +38,6 @@ def test_model_shapes_match_reference(shape, state_dtype, tokens, fold, gen):
     compare_with_reference(NAME, p, gen, steps=12, pad=3, layers=2, backend_options=options, index_dtype=torch.int64)
 
 
-@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
-@pytest.mark.parametrize(("tokens", "window"), [(1, 5), (4, 5), (4, 0)])
-@pytest.mark.parametrize(("block_p", "stages"), [(8, 3), (16, 0)])
-def test_latency_plans_match_reference(state_dtype, tokens, window, block_p, stages, gen):
-    """The plans warmup may keep for small batches: the B . C products in the step kernel (no gram
-    kernel), the checkpoint tile loaded beside the cursors, the fold loop pipelined or not, over
-    decodes that flush and wrap the ring."""
-    p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
-    options = {"max_window": 5, "window": window, "fold_heads": 0, "inline_gram": 1, "fold_stages": stages}
-    options.update(block_p=block_p, num_warps=1, tiles_per_program=1)
-    compare_with_reference(NAME, p, gen, steps=14, pad=3, layers=2, backend_options=options)
-
-
 @pytest.mark.parametrize(
     ("window", "fold", "through"),
     [(0, 0, "triton"), (0, 0, "replay"), (0, 16, "replay"), (7, 0, "triton"), (7, 16, "triton"), (15, 0, "triton"),

@@ -20,6 +20,7 @@ import attrs
 from .. import traffic as step_traffic
 from ..dtypes import state_slot_bytes
 from ..errors import SSUError, SSUWarning
+from ..inputs import P_ACCEPT, accepted_counts, mean_accepted  # noqa: F401 (the bench's acceptance)
 
 #: each timed graph spans at least this many state bytes, so that the L2 (60 MB on an H200) stays cold
 COLD_BYTES = 1 << 30
@@ -89,24 +90,6 @@ class Row:
             timing=self.timing,
             traffic={name: int(b) for name, b in self.traffic},
         )
-
-
-#: the chance that :func:`accepted_counts` keeps a draft token
-P_ACCEPT = 0.7
-
-
-def mean_accepted(tokens: int, p_accept: float = P_ACCEPT) -> float:
-    """The mean of :func:`accepted_counts`: 1 + p + p^2 + ... + p^(tokens - 1)."""
-    return sum(p_accept**j for j in range(tokens))
-
-
-def accepted_counts(batch: int, tokens: int, gen, device, p_accept: float = P_ACCEPT):
-    """Realistic acceptance: each draft token is kept with probability ``p_accept`` until the first
-    rejection, so num_accepted = 1 + the run of kept drafts (1..tokens)."""
-    import torch
-
-    kept = torch.rand(batch, tokens - 1, generator=gen) < p_accept
-    return (1 + kept.int().cumprod(1).sum(1)).to(torch.int32).to(device)
 
 
 def _staggered_cursors(state, problem, options, gen) -> None:
