@@ -125,27 +125,14 @@ def selective_state_update(
 
 
 def after_cache_lanes(
-    state: "Tensor",
-    x: "Tensor",
-    dt: "Tensor",
-    A: "Tensor",
-    B: "Tensor",
-    C: "Tensor",
-    D: Optional["Tensor"] = None,
-    z: Optional["Tensor"] = None,
-    dt_bias: Optional["Tensor"] = None,
-    dt_softplus: bool = False,
-    state_batch_indices: Optional["Tensor"] = None,
-    dst_state_batch_indices: Optional["Tensor"] = None,
-    pad_slot_id: int = -1,
-    out: Optional["Tensor"] = None,
-    *,
-    config: Optional["Config"] = None,
-) -> "Tensor":
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None,
+    dst_state_batch_indices=None, pad_slot_id: int = -1, out=None, *, config: Optional["Config"] = None,
+) -> "Tensor":  # fmt: skip
     """:func:`selective_state_update` from the point where the config's cache lanes (the tables of
     :func:`lanes_of`) have been tried and declined the call, or do not apply to it (slot ids or
     ``out`` given): for a caller that tries those lanes itself (the transformers patch), so that
-    a call every lane declines does not try them twice."""
+    a call every lane declines does not try them twice. The arguments are
+    :func:`selective_state_update`'s."""
     plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
     entry = _adopted.get((id(state), id(config)))
     b = x.shape[0]
