@@ -82,6 +82,9 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     from ssu_backend_triton.replay_launch import Plan, ReplayConstants
 
     replay_launch.replay_kernel = importlib.import_module(kernel_module).replay_kernel
+    global _KERNEL_CALL
+    if _KERNEL_CALL is None:
+        _KERNEL_CALL = replay_launch.kernel_call
     replay_launch.kernel_call = _KERNEL_CALL if gram else _without_gram
     T = problem.tokens_per_step
     ring = window + T
@@ -125,7 +128,7 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     return us - us_reset, regime_bytes(problem, batch, regime, window, count)
 
 
-_KERNEL_CALL = None  # replay_launch's own kernel_call
+_KERNEL_CALL = None  # replay_launch's own kernel_call, kept by the first probe
 
 
 def _without_gram(jit, grid, compile_only=False):
@@ -149,7 +152,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--plans",
         default="8:1:8:4",
-        help="block_p:num_warps:tiles:stages[:fold heads[:inline[:fold stages]]], comma separated",
+        help="block_p:num_warps:tiles:stages[:fold heads], comma separated",
     )
     ap.add_argument("--kernels", default="ssu_backend_triton.replay_kernel")
     ap.add_argument("--regimes", default=",".join(REGIMES))
@@ -164,9 +167,6 @@ def main(argv=None) -> None:
     ap.add_argument("--no-gram", action="store_true", help="also time each plan without the gram kernel's launch")
     args = ap.parse_args(argv)
     from ssu_backend_triton import replay_launch
-
-    global _KERNEL_CALL
-    _KERNEL_CALL = replay_launch.kernel_call
 
     shipped = (replay_launch.FOLD_ROWS, replay_launch.FOLD_WARPS, replay_launch.FOLD_STAGES)
     shipped_text = ":".join(str(v) for v in (*shipped, int(replay_launch.FOLD_CONCURRENT)))
@@ -186,7 +186,7 @@ def main(argv=None) -> None:
                 for plan_text, fold_text in (
                     (pt, ft)
                     for pt in args.plans.split(",")
-                    for ft in (fold_shapes if int((pt.split(":") + ["0"] * 5)[4]) else ["-"])
+                    for ft in (fold_shapes if pt.count(":") > 3 and int(pt.split(":")[4]) else ["-"])
                 ):
                     plan = tuple(int(v) for v in plan_text.split(":"))
                     if fold_text != "-":

@@ -292,7 +292,7 @@ def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
         assert oracle.rel_error(b, a) <= oracle.state_tolerance("fp32")
 
 
-def test_a_patched_call_every_cache_lane_declines_asks_each_once(cache_laned, monkeypatch):
+def test_a_patched_call_every_cache_lane_declines_asks_each_once(cache_laned):
     """A decode of another batch size than the lanes were bound for: the patched function asks the
     bound cache lane, which declines, and goes on with the drop-in's step without asking it again."""
     pytest.importorskip("transformers")

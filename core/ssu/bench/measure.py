@@ -20,7 +20,7 @@ import attrs
 from .. import traffic as step_traffic
 from ..dtypes import state_slot_bytes
 from ..errors import SSUError, SSUWarning
-from ..inputs import P_ACCEPT, accepted_counts, mean_accepted  # noqa: F401 (the bench's acceptance)
+from ..inputs import accepted_counts, mean_accepted
 
 #: each timed graph spans at least this many state bytes, so that the L2 (60 MB on an H200) stays cold
 COLD_BYTES = 1 << 30
