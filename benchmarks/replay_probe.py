@@ -7,13 +7,14 @@ writes its checkpoint ("write"). Prints microseconds and the bandwidth of each r
         --plans 8:1:8:4,8:1:8:4:16
 
 ``--tokens`` above 1 times a speculative step instead (the regimes as :func:`regime_cursors` sets
-them). A plan's fifth number is the fold kernel's heads per program (0 or absent: rows fold inside the
-step kernel). ``--no-gram`` also times each plan without the gram kernel's launch (the step
-then reads stale B . C products: its outputs are wrong, its time a bound on what that launch
-costs). ``--fold-shapes`` times the fold kernel in other shapes (rows:warps:pipeline
-stages:beside, the last 1 when the step kernel runs beside it, 0 when it waits for it).
-``--kernels`` names modules that define ``replay_kernel`` with the shipped kernel's
-signature (the shipped one by default), so that kernel variants are compared in one run. CUDA-graph replays, cold
+them). A plan's fifth number is the fold kernel's heads per program (0 or absent: rows fold inside
+the step kernel), its sixth 1 for stepwise outputs (a speculative step in the "write" regime).
+``--no-gram`` also times each plan without the gram kernel's launch (the step then reads stale
+B . C products: its outputs are wrong, its time a bound on what that launch costs).
+``--fold-shapes`` times the fold kernel in other shapes (rows:warps:pipeline stages:beside, the
+last 1 when the step kernel runs beside it, 0 when it waits for it). ``--kernels`` names modules
+that define ``replay_kernel`` with the shipped kernel's signature (the shipped one by default), so
+that kernel variants are compared in one run. CUDA-graph replays, cold
 L2 (slot sets rotated), the median; the copy that resets the cursors before each launch is timed
 on its own and subtracted.
 """
@@ -152,7 +153,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--plans",
         default="8:1:8:4",
-        help="block_p:num_warps:tiles:stages[:fold heads], comma separated",
+        help="block_p:num_warps:tiles:stages[:fold heads[:stepwise]], comma separated",
     )
     ap.add_argument("--kernels", default="ssu_backend_triton.replay_kernel")
     ap.add_argument("--regimes", default=",".join(REGIMES))

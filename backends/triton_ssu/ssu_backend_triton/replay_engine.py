@@ -82,7 +82,20 @@ def fold_heads_choices(problem, options) -> list[int]:
 
 def fold_plans(problem, options, plan: Plan, windows) -> list[Plan]:
     """``plan``'s launch shape with the fold kernel, for each window above 0 and each heads choice."""
-    return [plan._replace(window=w, fold=h) for w in windows if w > 0 for h in fold_heads_choices(problem, options)]
+    return [
+        plan._replace(window=w, fold=h, stepwise=0)
+        for w in windows
+        if w > 0
+        for h in fold_heads_choices(problem, options)
+    ]
+
+
+def stepwise_plans(problem, options, plans) -> list[Plan]:
+    """The window-0 plans among ``plans`` again with stepwise outputs, for a speculative problem
+    whose ``stepwise`` option is tuned (-1); else none."""
+    if not problem.speculative or options.stepwise >= 0:
+        return []
+    return [plan._replace(stepwise=1) for plan in plans if plan.window == 0 and not plan.fold and not plan.stepwise]
 
 
 def triton_options(options) -> TritonOptions:
@@ -110,7 +123,7 @@ def plan_cache_key(problem, options, bucket: int, gpu: str, triton_version: str)
     p, o = problem, options
     pins = f"|pin {o.block_p}:{o.num_warps}:{o.tiles_per_program}:{o.loop_stages}" if o.block_p or o.num_warps else ""
     return (
-        f"{gpu}|triton {triton_version}|replay v13 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
+        f"{gpu}|triton {triton_version}|replay v14 W{o.max_window}|H{p.nheads} P{p.headdim} N{p.dstate} "
         f"G{p.ngroups}|state {p.state_dtype} input {p.input_dtype}|T{p.tokens_per_step}"
         f"{' spec' if p.speculative else ''}{' sr' if o.stochastic_rounding else ''}{pins}|batch {bucket}"
     )
@@ -188,6 +201,8 @@ class ReplayLauncher:
             plan = plan._replace(window=o.window)
         if o.fold_heads >= 0:
             plan = plan._replace(fold=o.fold_heads)
+        if o.stepwise >= 0:
+            plan = plan._replace(stepwise=o.stepwise)
         plan = plan._replace(window=min(plan.window, o.max_window), pdl=int(self.pdl))
         for b in range(bucket // 2 + 1, min(bucket, self.problem.max_batch) + 1):
             self.table[b] = plan
@@ -366,12 +381,13 @@ class ReplayLauncher:
 
     def tune_bucket(self, bucket: int, windows: list, log: Callable) -> tuple:
         """(fastest plan and its microseconds, or None; how many were timed) over every launch
-        shape (or the pinned one) with each of ``windows``, and the fastest shape again with the
-        fold kernel where it may serve."""
+        shape (or the pinned one) with each of ``windows`` (a speculative window 0 with and without
+        stepwise outputs), and the fastest shape again with the fold kernel where it may serve."""
         p, o = self.problem, self.options
         pin = self.pinned(bucket)
         shapes = [pin[:4]] if pin is not None else candidate_shapes(p)
         plans = [Plan(*shape, window, int(self.pdl)) for shape in shapes for window in windows]
+        plans += stepwise_plans(p, o, plans)
         best = self.time_plans(bucket, plans, log)
         extra = fold_plans(p, o, best[0], windows) if best is not None else []
         if extra:  # the fastest shape again, its flushing rows served by the fold kernel

@@ -42,6 +42,13 @@ flushes, and the kernel is compiled with only the write-every-step update of eac
 that still holds tokens (its slot stepped before in a bucket with a window) is folded into the
 tile token by token first, and is empty afterwards.
 
+With ``STEPWISE`` (a speculative step whose plan has window 0, no fold kernel and ``stepwise``
+outputs) no gram kernel runs: each tile folds the ring's accepted tokens, is stored where it
+flushes, and then takes the step's T tokens one by one, each output read from the state after its
+token (:func:`_stepwise_tiles`). It reads a checkpoint once and writes it once, where the
+write-every-step kernel of the ``triton`` backend writes T states; a small batch, where the
+launches and the dependent chain of a step are the limit, is what it serves.
+
 Every program of a row reads the row's cursors first; a row whose cursors change takes a ticket
 (an atomic count per slot and layer) when it is done, and the last program of the row (of the step
 kernel, and of the fold kernel where the row flushes) writes the new cursors and resets the
@@ -184,6 +191,7 @@ def replay_kernel(
     PHILOX_ROUNDS: tl.constexpr,
     FOLDED: tl.constexpr,
     WRITE_THROUGH: tl.constexpr,
+    STEPWISE: tl.constexpr,
     PDL: tl.constexpr,
     CONCURRENT: tl.constexpr,
     QUANT: tl.constexpr,
@@ -226,6 +234,25 @@ def replay_kernel(
             (target * 65599 + head * P * N).to(tl.uint32), pid_p, tl.where(valid, P, 0), tl.where(flush, P, 0),
             has_d, has_z,
             RING, P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS, QUANT,
+        )  # fmt: skip
+    elif STEPWISE:  # speculative, window 0: the ring's tokens folded, the step's applied one by one
+        a_head = tl.load(A_ptr + head * a_h).to(tl.float32)
+        bias, d_skip = head_terms(dt_bias_ptr + head * bias_h, D_ptr + head * d_h, has_dt_bias, has_d)
+        seed = 0
+        if STOCHASTIC:
+            seed = tl.load(seed_ptr)
+        _stepwise_tiles(
+            ck_ptr + safe * ck_slot + head * ck_head, ck_ptr + target * ck_slot + head * ck_head, ck_p,
+            scale_ptr + safe * sc_slot + head * sc_head, scale_ptr + target * sc_slot + head * sc_head,
+            x_ptr + row * x_b + head * x_h, x_t, x_p, B_ptr + row * B_b + group * B_g, B_t, B_n,
+            C_ptr + row * C_b + group * C_g, C_t, C_n, z_ptr + row * z_b + head * z_h, z_t, z_p,
+            out_ptr + row * o_b + head * o_h, o_t, o_p, dt_ptr + row * dt_b + head * dt_h, dt_t,
+            a_head, bias, d_skip, softplus,
+            xr_ptr + safe * xr_slot + head * (RING * P), Br_ptr + safe * Br_slot + group * (RING * N),
+            dr_ptr + safe * dr_slot + head * RING, ar_ptr + safe * dr_slot + head * RING,
+            start, k, flush, append & (pid_p == 0), (head % HEADS_PER_GROUP) == 0, append,
+            seed, (target * 65599 + head * P * N).to(tl.uint32), pid_p, tl.where(valid, P, 0), has_z,
+            T, RING, P, N, BLOCK_P, BLOCK_N, TILES, STAGES, STOCHASTIC, PHILOX_ROUNDS, QUANT,
         )  # fmt: skip
     else:
         if FOLDED:  # the fold kernel serves the rows that flush; their programs here only move the cursors
@@ -615,6 +642,120 @@ def _write_through_tiles(
             s, write_base, wscale_base, tile, offs_p, offs_n, write_p[:, None] & mask_n[None, :], write_p, seed,
             element, N, STOCHASTIC, PHILOX_ROUNDS, QUANT,
         )  # fmt: skip
+
+
+@triton.jit
+def _stepwise_tiles(
+    read_base,
+    write_base,
+    ck_p,
+    rscale_base,
+    wscale_base,
+    x_base,
+    x_t,
+    x_p,
+    B_row,
+    B_t,
+    B_n,
+    C_row,
+    C_t,
+    C_n,
+    z_base,
+    z_t,
+    z_p,
+    o_base,
+    o_t,
+    o_p,
+    dt_base,
+    dt_t,
+    a_head,
+    bias,
+    d_skip,
+    softplus,
+    xr_base,
+    Br_base,
+    d_base,
+    a_base,
+    start,
+    k,
+    flush,
+    head_appends,
+    group_first,
+    append,
+    seed,
+    element,
+    pid_p,
+    read_rows,
+    has_z,
+    T: tl.constexpr,
+    RING: tl.constexpr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    STAGES: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    PHILOX_ROUNDS: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """A speculative step of a window-0 plan with ``stepwise`` outputs: per tile, the ring's ``k``
+    accepted tokens from row ``start`` folded into the checkpoint tile, which is stored (rounded,
+    or quantised, once) where the row ``flush``-es, then the step's T tokens applied to the tile one
+    by one in fp32 registers, each token's output taken from the state after it, as the
+    write-every-step kernel does; no state after a new token is stored. It needs no B . C
+    products, so no gram kernel runs before it. The step's tokens join the ring where the row
+    ``append``-s, for the commit to count: x by every tile, d and A d by the head's first program
+    (``head_appends``), B by that program where its head is the first of its group
+    (``group_first``). After a window-0 step a ring holds at most T tokens, and those folds are
+    unrolled with masks so that their loads issue together; a ring left longer by a bucket with a
+    window folds the rest in a loop."""
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = tl.arange(0, BLOCK_P)
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = (pid_p * TILES + i) * BLOCK_P + rows
+        mask_p = offs_p < P
+        read_p = offs_p < read_rows
+        tile = offs_p[:, None] * ck_p + offs_n[None, :]
+        s = load_checkpoint(read_base, rscale_base, tile, offs_p, read_p[:, None] & mask_n[None, :], read_p, QUANT)
+        for j in tl.static_range(T):  # a masked token (j >= k) leaves the tile as it is: exp(0) s + 0
+            use = k > j
+            r = (start + j) % RING
+            x_j = tl.load(xr_base + r * P + offs_p, mask=offs_p < tl.where(use, P, 0), other=0.0).to(tl.float32)
+            B_j = tl.load(Br_base + r * N + offs_n, mask=offs_n < tl.where(use, N, 0), other=0.0).to(tl.float32)
+            d_j = tl.load(d_base + r, mask=use, other=0.0)
+            a_j = tl.load(a_base + r, mask=use, other=0.0)
+            s = tl.fma(s, tl.exp(a_j), (d_j * x_j)[:, None] * B_j[None, :])
+        for j in range(T, k):  # tokens beyond T: left by a bucket with a window
+            r = (start + j) % RING
+            x_j = tl.load(xr_base + r * P + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+            B_j = tl.load(Br_base + r * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            s = tl.fma(s, tl.exp(tl.load(a_base + r)), (tl.load(d_base + r) * x_j)[:, None] * B_j[None, :])
+        if flush:
+            store_checkpoint(
+                s, write_base, wscale_base, tile, offs_p, offs_n, mask_p[:, None] & mask_n[None, :], mask_p, seed,
+                element, N, STOCHASTIC, PHILOX_ROUNDS, QUANT,
+            )  # fmt: skip
+        for t in tl.static_range(T):
+            d = softplus_dt(tl.load(dt_base + t * dt_t).to(tl.float32) + bias, softplus)
+            x_raw = tl.load(x_base + t * x_t + offs_p * x_p, mask=mask_p, other=0.0)
+            x = x_raw.to(tl.float32)
+            Bv = tl.load(B_row + t * B_t + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
+            Cv = tl.load(C_row + t * C_t + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            s = tl.fma(s, tl.exp(a_head * d), (d * x)[:, None] * Bv[None, :])
+            y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
+            store_token_output(y, z_base + t * z_t, o_base + t * o_t, offs_p, z_p, o_p, mask_p, has_z)
+            if append:
+                tl.store(xr_base + ((start + k + t) % RING) * P + offs_p, x_raw, mask=mask_p)
+    if head_appends:
+        for t in tl.static_range(T):
+            r = (start + k + t) % RING
+            d = softplus_dt(tl.load(dt_base + t * dt_t).to(tl.float32) + bias, softplus)
+            tl.store(d_base + r, d)
+            tl.store(a_base + r, a_head * d)
+            if group_first:
+                tl.store(Br_base + r * N + offs_n, tl.load(B_row + t * B_t + offs_n * B_n, mask=mask_n), mask=mask_n)
 
 
 @triton.jit(do_not_specialize=["batch", "pad_slot_id", "num_slots", "num_layers", "layer_stride"])

@@ -29,7 +29,9 @@ class Plan(NamedTuple):
     over its tiles (0: not pipelined), the flush ``window`` (ring tokens a step may leave unfolded:
     0 writes the checkpoint every step), ``pdl`` (programmatic dependent launch), ``fold``: the
     heads per program of the fold kernel that folds the rows that flush, launched before the step
-    kernel (0: those rows fold inside the step kernel)."""
+    kernel (0: those rows fold inside the step kernel); ``stepwise``: a speculative step of window 0
+    without the fold kernel computes its tokens' outputs by applying them to each tile one by one
+    (no B . C products, no gram kernel; 0: from the gram kernel's products; other plans ignore it)."""
 
     block_p: int
     num_warps: int
@@ -38,6 +40,7 @@ class Plan(NamedTuple):
     window: int = 0
     pdl: int = 0
     fold: int = 0
+    stepwise: int = 0
 
 
 class ReplayConstants(NamedTuple):
@@ -59,7 +62,7 @@ def launch(
     """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
     Returns Triton's handle of the compiled step kernel. With ``compile_only`` the kernels are
     compiled (or queued for compilation, :func:`~.tuning.compile_in_parallel`), not run."""
-    block_p, num_warps, tiles, stages, window, pdl, fold = plan
+    block_p, num_warps, tiles, stages, window, pdl, fold, stepwise = plan
     b = x.shape[0]
     multi = x.dim() == 4
     T = x.shape[1] if multi else 1
@@ -110,9 +113,10 @@ def launch(
         launch_pdl=pdl,
     )
     write_through = window == 0 and T == 1 and not consts.speculative and not folded
+    stepwise = bool(stepwise) and window == 0 and consts.speculative and not folded
     M, TP = next_power_of_2(consts.ring), next_power_of_2(T)
     gram = views.gram
-    if not write_through:  # first: every row's B . C products, shared by the heads of a group
+    if not (write_through or stepwise):  # first: every row's B . C products, shared by the heads of a group
         kernel_call(gram_kernel, (B.shape[-2], b), compile_only)(
             gram, views.B_ring, views.start, views.count, B, C, slots,
             dst_slots if dst_slots is not None else slots, faults,
@@ -148,6 +152,7 @@ def launch(
         SPECULATIVE=consts.speculative,
         FOLDED=folded,
         WRITE_THROUGH=write_through,
+        STEPWISE=stepwise,
         num_warps=num_warps,
         **shared,
     )

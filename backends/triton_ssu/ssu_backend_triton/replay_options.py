@@ -27,7 +27,10 @@ class ReplayOptions:
     loads are pipelined ``loop_stages`` deep (below 2: not pipelined). ``fold_heads``: the rows
     that flush are served by a kernel of their own launched before the step kernel (which serves
     the other rows beside it), with this many heads per program (-1: tuned with the launch shape,
-    off without tuning; 0: never, they fold inside the step kernel). ``programmatic_launch``: the step
+    off without tuning; 0: never, they fold inside the step kernel). ``stepwise``: how a speculative
+    step of window 0 (without the fold kernel) computes its tokens' outputs: 1 by applying the
+    tokens to each tile one by one (no gram kernel launched before it), 0 from the gram kernel's B .
+    C products, -1 timed both ways by warmup (0 without tuning). ``programmatic_launch``: the step
     and commit take part in programmatic dependent launch (compute capability 9.0 and newer).
     ``tuning_cache``, ``tune_iterations``: as for the ``triton`` backend (the same JSON file, keys
     of their own). ``stochastic_rounding`` rounds an fp16 checkpoint stochastically with
@@ -44,6 +47,7 @@ class ReplayOptions:
     tiles_per_program: int = attrs.field(default=0, validator=in_range(0, 512))
     loop_stages: int = attrs.field(default=0, validator=in_range(0, 6))
     fold_heads: int = attrs.field(default=-1, validator=in_range(-1, 256))
+    stepwise: int = attrs.field(default=-1, validator=in_range(-1, 1))
     programmatic_launch: bool = True
     tuning_cache: Optional[str] = None
     tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))

@@ -519,11 +519,13 @@ def test_default_plans_and_cached_plans():
     assert replay_engine.default_plan(p, options, 8).window == 0
     assert replay_engine.default_plan(p, options, 64).window == options.max_window
     assert replay_engine.default_plan(p, options, 64).block_p * 128 == 1024
-    assert replay_engine.cached_plan({"k": {"plan": [8, 2, 1, 0, 15, 1, 4]}}, "k") == Plan(8, 2, 1, 0, 15, 1, 4)
-    for bad in ({"k": {"plan": [8, 2, 1, 0, 15, 1]}}, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0]}}, {"k": "x"}, {}):
+    cached = {"k": {"plan": [8, 2, 1, 0, 15, 1, 4, 0]}}
+    assert replay_engine.cached_plan(cached, "k") == Plan(8, 2, 1, 0, 15, 1, 4, 0)
+    old = {"k": {"plan": [8, 2, 1, 0, 15, 1, 4]}}  # a plan of fewer fields is tuned again
+    for bad in (old, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0, 0]}}, {"k": "x"}, {}):
         assert replay_engine.cached_plan(bad, "k") is None
     key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
-    assert "replay v13 W15" in key and "batch 64" in key and "|T1|" in key
+    assert "replay v14 W15" in key and "batch 64" in key and "|T1|" in key
     pinned = replay_engine.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
     assert pinned != key and "pin 8:0:0:0" in pinned
     assert len(replay_engine.candidate_shapes(p)) >= 4
@@ -547,6 +549,78 @@ def test_fold_kernel_choices():
     assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
     plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
     assert plans == [Plan(8, 1, 8, 4, 15, 1, h) for h in (1, 4, 16)]
+    assert replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1, 0, 1), [15])[0].stepwise == 0
+
+
+def test_stepwise_plans_are_timed_for_speculative_window_0():
+    """Warmup times each window-0 plan of a speculative problem again with stepwise outputs, unless
+    the ``stepwise`` option fixes it; one-token problems and plans with a window get none."""
+    options = opened(problem()).options
+    spec = problem(nheads=128, headdim=64, dstate=128, ngroups=8, tokens_per_step=4, speculative=True, device="cpu")
+    plans = [Plan(8, 1, 8, 4, 0, 1), Plan(8, 1, 8, 4, 15, 1), Plan(16, 4, 1, 0, 0, 1)]
+    assert replay_engine.stepwise_plans(spec, options, plans) == [
+        Plan(8, 1, 8, 4, 0, 1, 0, 1),
+        Plan(16, 4, 1, 0, 0, 1, 0, 1),
+    ]
+    for fixed in (0, 1):
+        assert replay_engine.stepwise_plans(spec, attrs.evolve(options, stepwise=fixed), plans) == []
+    one = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
+    assert replay_engine.stepwise_plans(one, options, plans) == []
+    pinned = opened(problem(tokens_per_step=2, speculative=True), window=0, stepwise=1)
+    assert pinned._ctx.memo["launcher"].table[1].stepwise == 1
+    with pytest.raises(ssu.ConfigError, match="stepwise"):
+        opened(problem(), stepwise=2)
+
+
+@pytest.mark.parametrize(
+    ("state", "adopt", "window"),
+    [
+        ("fp32", False, 0),
+        pytest.param("bf16", True, 0, marks=pytest.mark.slow),
+        pytest.param("int8", False, 0, marks=pytest.mark.slow),
+        pytest.param("fp32", False, 2, marks=pytest.mark.slow),
+    ],
+)
+def test_stepwise_speculative_steps_match_reference(state, adopt, window, gen):
+    """Speculative steps whose outputs come from applying each token to the tile in turn (no gram
+    kernel): allocated and adopted checkpoints, 8-bit ones with their scales, commits of random
+    acceptance over two layers, pad rows untouched. With a window the plan ignores ``stepwise``."""
+    p = problem(
+        tokens_per_step=3, speculative=True, state_dtype=state, headdim=6, dstate=12, num_slots=10, engine_state=adopt
+    )
+    options = {"max_window": 3, "window": window, "fold_heads": 0, "stepwise": 1}
+    compare(p, gen, options, steps=6, pad=1, layers=2, adopt=adopt)
+
+
+def test_stepwise_steps_fold_rings_longer_than_the_step(gen):
+    """A slot whose ring holds more tokens than one step (left by a bucket with a window) is folded
+    whole by a stepwise step of window 0: outputs and states match the reference's throughout."""
+    p = problem(tokens_per_step=2, speculative=True, num_slots=8, max_batch=4)
+    kernel = opened(p, max_window=3, fold_heads=0, stepwise=1)
+    table = kernel._ctx.memo["launcher"].table
+    table[1] = table[1]._replace(window=3)  # batch 1 leaves tokens in the ring
+    table[2] = table[2]._replace(window=0, stepwise=1)
+    ref = ssu.open(ssu.Config(backend="reference"), p)
+    state, ref_state = kernel.allocate_state(), ref.allocate_state()
+    every = torch.arange(p.num_slots, dtype=torch.int32, device=DEVICE)
+    start = torch.randn(p.num_slots, p.nheads, p.headdim, p.dstate, generator=gen).to(DEVICE)
+    kernel.write_state(state, every, start)
+    ref.write_state(ref_state, every, start)
+    one, two = (torch.tensor(s, dtype=torch.int32, device=DEVICE) for s in ([3], [3, 5]))
+    counts = []
+    for slots, accepted in ((one, 1), (one, 2), (two, 2), (two, 1), (two, 2)):
+        inputs = step_inputs(p, slots, gen)
+        taken = torch.full((len(slots),), accepted, dtype=torch.int32, device=DEVICE)
+        out, ref_out = kernel.step(state, **inputs.kwargs()), ref.step(ref_state, **inputs.kwargs())
+        kernel.commit(state, slots, taken)
+        ref.commit(ref_state, slots, taken)
+        counts.append(int(state.buffers["count"][0, 3]))
+        torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(
+            kernel.read_state(state, every), ref.read_state(ref_state, every), atol=1e-4, rtol=1e-4
+        )
+    # a ring of 3 tokens (more than T) folded by the stepwise step, which keeps only its accepted ones
+    assert counts == [1, 3, 2, 1, 2]
 
 
 def test_every_timed_plan_starts_from_the_same_staggered_cursors(monkeypatch):

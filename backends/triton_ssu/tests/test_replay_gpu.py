@@ -38,6 +38,21 @@ def test_model_shapes_match_reference(shape, state_dtype, tokens, fold, gen):
     compare_with_reference(NAME, p, gen, steps=12, pad=3, layers=2, backend_options=options, index_dtype=torch.int64)
 
 
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
+def test_stepwise_speculative_steps_at_model_shapes(shape, state_dtype, gen):
+    """Speculative steps of window 0 whose outputs come from applying each token to the tile in
+    turn (no gram kernel), over two layers and commits of random acceptance."""
+    p = cuda_problem(shape, state_dtype=state_dtype, tokens_per_step=4, speculative=True)
+    options = {"max_window": 5, "window": 0, "fold_heads": 0, "stepwise": 1}
+    compare_with_reference(NAME, p, gen, steps=12, pad=3, layers=2, backend_options=options)
+
+
+def test_stepwise_steps_in_a_cuda_graph(gen):
+    p = cuda_problem(tokens_per_step=4, speculative=True)
+    run_on(opened(p, window=0, fold_heads=0, stepwise=1), "cuda-graph", gen)
+
+
 @pytest.mark.parametrize(
     ("window", "fold", "through"),
     [(0, 0, "triton"), (0, 0, "replay"), (0, 16, "replay"), (7, 0, "triton"), (7, 16, "triton"), (15, 0, "triton"),
