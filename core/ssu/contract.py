@@ -97,6 +97,75 @@ class CacheLaneFn(Protocol):
     ) -> Optional["Tensor"]: ...
 
 
+class PackedStepFn(Protocol):
+    """vLLM's speculative call (Problem.engine_calls ``"packed"``; docs/spec.md, "Engine call
+    forms"): the tokens of N sequences packed along the first dimension, per-token slots, no commit.
+
+    ``x`` (tokens, H, P); ``dt`` (tokens, H); ``B``, ``C`` (tokens, G, N); ``z``, ``out`` like x.
+    ``cu_seqlens`` (N + 1,): sequence n owns rows ``cu_seqlens[n]`` to ``cu_seqlens[n + 1] - 1``
+    (None: row n, one token each). ``slots`` (N, W): sequence n starts from the state of slot
+    ``slots[n, max(num_accepted[n] - 1, 0)]`` (column 0 when ``num_accepted`` is None);
+    ``dst_slots`` (N, W), default ``slots``: the state after its token t goes to slot
+    ``dst_slots[n, t]``, none where that cell is the pad id. Returns ``out``. No hook dispatch, no
+    host synchronisation.
+    """
+
+    def __call__(
+        self,
+        state: "State",
+        x: "Tensor",
+        dt: "Tensor",
+        A: "Tensor",
+        B: "Tensor",
+        C: "Tensor",
+        slots: "Tensor",
+        dst_slots: Optional["Tensor"] = None,
+        num_accepted: Optional["Tensor"] = None,
+        cu_seqlens: Optional["Tensor"] = None,
+        D: Optional["Tensor"] = None,
+        z: Optional["Tensor"] = None,
+        dt_bias: Optional["Tensor"] = None,
+        dt_softplus: bool = False,
+        out: Optional["Tensor"] = None,
+        layer: int = 0,
+    ) -> "Tensor": ...
+
+
+class VerifyStepFn(Protocol):
+    """SGLang's verify call (Problem.engine_calls ``"verify"``, with ``parents`` ``"tree"``;
+    docs/spec.md, "Engine call forms"): T tokens per row, the state after each stored in an
+    intermediate-state buffer, the cache written or not.
+
+    ``x`` (b, T, H, P); ``dt`` (b, T, H); ``B``, ``C`` (b, T, G, N); ``slots`` (b,): the slot each
+    row starts from and, with ``update_state``, where the state after its last token goes.
+    ``buffer`` (rows, steps, H, P, N), steps >= T: the state after token t of row b is stored at
+    ``buffer[buffer_rows[b], t]`` (``buffer_rows`` default: ``slots``). ``parents`` (b, T): token t
+    >= 1 continues from the state after token ``parents[b, t]`` when that is one of 0..t-1 (the
+    one before it when negative). Returns ``out``. No hook dispatch, no host synchronisation.
+    """
+
+    def __call__(
+        self,
+        state: "State",
+        x: "Tensor",
+        dt: "Tensor",
+        A: "Tensor",
+        B: "Tensor",
+        C: "Tensor",
+        slots: "Tensor",
+        D: Optional["Tensor"] = None,
+        z: Optional["Tensor"] = None,
+        dt_bias: Optional["Tensor"] = None,
+        dt_softplus: bool = False,
+        out: Optional["Tensor"] = None,
+        layer: int = 0,
+        update_state: bool = True,
+        buffer: Optional["Tensor"] = None,
+        buffer_rows: Optional["Tensor"] = None,
+        parents: Optional["Tensor"] = None,
+    ) -> "Tensor": ...
+
+
 class CommitFn(Protocol):
     """Speculative decoding: keep each sequence's first ``num_accepted[b]`` tokens of the last step."""
 
@@ -118,6 +187,10 @@ OPTIONAL_TENSORS: frozenset = frozenset(p.name for p in STEP_PARAMETERS if p.nam
 PER_HEAD: tuple[str, ...] = ("dt", "A", "D", "dt_bias")
 #: parameters added by plugin API minors: a backend declaring an older minor may omit them
 ADDED_IN = {"dst_slots": (1, 2)}
+#: each engine call form's protocol (``Capabilities.engine_calls``; ``"tree"`` calls are verify calls)
+ENGINE_CALL_PROTOCOLS = {"packed": PackedStepFn, "verify": VerifyStepFn}
+#: each engine call form's parameters, in order, with their defaults
+ENGINE_CALL_PARAMETERS: dict = {form: tuple(_parameters(fn.__call__)) for form, fn in ENGINE_CALL_PROTOCOLS.items()}
 
 
 def describe(parameters) -> str:
@@ -145,24 +218,50 @@ def expected_parameters(api: tuple[int, int]) -> tuple[inspect.Parameter, ...]:
     return tuple(p for p in STEP_PARAMETERS if ADDED_IN.get(p.name, (0, 0)) <= api)
 
 
-def check_step(fn: Callable, backend: str, api_version: str) -> None:
-    """Raise :class:`~ssu.BackendError` unless ``fn`` takes the contract's parameters, in order and
-    with the same defaults, for the backend's plugin API (compared with :func:`inspect.signature`).
-    A pure forwarder, ``(*args, **kwargs)``, passes."""
+def _mismatch(fn: Callable, want: tuple) -> Optional[tuple]:
+    """None when ``fn`` takes ``want``'s parameters in order with the same defaults (or is a pure
+    forwarder, ``(*args, **kwargs)``, or has no signature to compare); else its parameters."""
     try:
         got = _parameters(fn)
     except (TypeError, ValueError):  # a builtin or C callable without a signature: nothing to compare
-        return
+        return None
     if [p.kind for p in got] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
-        return  # a forwarder, (*args, **kwargs): what it forwards to is not ours to see
-    api = tuple(int(p) for p in str(api_version).split(".")[:2])
-    want = expected_parameters(api)
+        return None  # a forwarder, (*args, **kwargs): what it forwards to is not ours to see
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
     same = len(got) == len(want) and all(
         g.name == w.name and g.default == w.default and g.kind in kinds for g, w in zip(got, want)
     )
-    if not same:
+    return None if same else tuple(got)
+
+
+def check_step(fn: Callable, backend: str, api_version: str) -> None:
+    """Raise :class:`~ssu.BackendError` unless ``fn`` takes the contract's parameters, in order and
+    with the same defaults, for the backend's plugin API (compared with :func:`inspect.signature`).
+    A pure forwarder, ``(*args, **kwargs)``, passes."""
+    api = tuple(int(p) for p in str(api_version).split(".")[:2])
+    want = expected_parameters(api)
+    got = _mismatch(fn, want)
+    if got is not None:
         raise BackendError(
             f"backend {backend!r}: its step callable takes {describe(got)}; plugin API {api_version} needs "
             f"{describe(want)} (the order and defaults of ssu.contract.StepFn). Fix the factory's step function"
+        )
+
+
+def check_engine_call(fn: Callable, backend: str, form: str) -> None:
+    """Raise :class:`~ssu.BackendError` unless ``fn``, what the backend's ``ssu_engine_call`` hook
+    returned for ``form`` (``"packed"`` or ``"verify"``), is callable with that form's parameters
+    (:data:`ENGINE_CALL_PARAMETERS`) in order and with the same defaults."""
+    protocol = ENGINE_CALL_PROTOCOLS[form]
+    if not callable(fn):
+        raise BackendError(
+            f"backend {backend!r}: hook ssu_engine_call returned {type(fn).__name__} for the {form!r} call form, "
+            f"not a callable of ssu.contract.{protocol.__name__}; fix the hook"
+        )
+    want = ENGINE_CALL_PARAMETERS[form]
+    got = _mismatch(fn, want)
+    if got is not None:
+        raise BackendError(
+            f"backend {backend!r}: its {form!r} call takes {describe(got)}; it needs {describe(want)} (the order "
+            f"and defaults of ssu.contract.{protocol.__name__}). Fix what its ssu_engine_call hook returns"
         )

@@ -66,7 +66,7 @@ class _Adopted:
 
 _configs: dict = {}  # id(config) -> the Config used (None: the loaded one)
 _kernels: dict = {}  # (problem fields but the batch, id(config)) -> Kernel
-_adopted: dict = {}  # (id(state), id(config)) -> _Adopted
+_adopted: dict = {}  # (id(state), id(config)[, engine call form]) -> _Adopted
 _rows: dict = {}  # (batch, device string) -> arange(batch): the slots of a call without state_batch_indices
 #: (id(config), pad_slot_id) -> the kernels' cache lanes (``Kernel.cache_lane``), most recent first:
 #: each serves any tensor of its layout, adopted or not (a copy a model makes of its cache per step)
@@ -103,6 +103,14 @@ def selective_state_update(
     pad_slot_id: int = -1,
     out: Optional["Tensor"] = None,
     *,
+    null_block_id: Optional[int] = None,
+    num_accepted_tokens: Optional["Tensor"] = None,
+    cu_seqlens: Optional["Tensor"] = None,
+    disable_state_update: bool = False,
+    intermediate_states_buffer: Optional["Tensor"] = None,
+    cache_steps: Optional[int] = None,
+    retrieve_parent_token: Optional["Tensor"] = None,
+    intermediate_state_indices: Optional["Tensor"] = None,
     config: Optional["Config"] = None,
 ) -> "Tensor":
     """One SSU step on ``state`` (num_slots, H, P, N), in place; returns ``out`` (b, H, P).
@@ -110,8 +118,39 @@ def selective_state_update(
     x (b, H, P); dt (b, H) or (b, H, P) expanded; A (H,) or (H, P, N) expanded; B, C (b, G, N);
     D, dt_bias (H,) or (H, P) expanded; z like x. Row b reads slot ``state_batch_indices[b]``
     (slot b without them) and writes ``dst_state_batch_indices[b]`` (the slot it read without
-    them); ``pad_slot_id`` marks padded rows, any integer (0 for a null block).
+    them); ``pad_slot_id`` marks padded rows, any integer (0 for a null block; ``null_block_id``
+    is vLLM's name for it).
+
+    The engines' speculative calls take their own keyword arguments (docs/spec.md, "Engine call
+    forms"; :mod:`ssu.dropin_engines`): vLLM's with two-dimensional ``state_batch_indices`` and
+    ``dst_state_batch_indices`` (N, W), ``num_accepted_tokens`` and tokens packed by
+    ``cu_seqlens``; SGLang's with x (b, T, H, P), ``disable_state_update``,
+    ``intermediate_states_buffer`` (with ``cache_steps``), ``intermediate_state_indices`` and
+    ``retrieve_parent_token``.
     """
+    if (
+        num_accepted_tokens is not None
+        or cu_seqlens is not None
+        or null_block_id is not None
+        or disable_state_update
+        or intermediate_states_buffer is not None
+        or retrieve_parent_token is not None
+        or intermediate_state_indices is not None
+        or cache_steps is not None
+        or x.dim() == 4
+        or (state_batch_indices is not None and state_batch_indices.dim() != 1)
+        or (dst_state_batch_indices is not None and dst_state_batch_indices.dim() != 1)
+    ):
+        from .dropin_engines import engine_call
+
+        return engine_call(
+            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dst_state_batch_indices,
+            pad_slot_id, out, null_block_id=null_block_id, num_accepted_tokens=num_accepted_tokens,
+            cu_seqlens=cu_seqlens, disable_state_update=disable_state_update,
+            intermediate_states_buffer=intermediate_states_buffer, cache_steps=cache_steps,
+            retrieve_parent_token=retrieve_parent_token, intermediate_state_indices=intermediate_state_indices,
+            config=config,
+        )  # fmt: skip
     plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
     if plain:  # a model's decode call: the kernel's faster path for a layout seen before, if any
         for lane in _lanes.get((id(config), pad_slot_id), ()):
@@ -225,23 +264,30 @@ def _config(config):
     return _configs[key]
 
 
-def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
+#: the shapes a drop-in call's state, x and B have, per call form
+_DIMS = {
+    "step": ("(batch, H, P)", "(batch, G, N)", "one token per sequence"),
+    "packed": ("(tokens, H, P)", "(tokens, G, N)", "the tokens of every sequence, packed"),
+    "verify": ("(batch, T, H, P)", "(batch, T, G, N)", "T tokens per sequence"),
+}
+
+
+def _prepare(state, x, B, pad_slot_id: int, config, form: str = "step", tokens: int = 1, batch=None) -> _Adopted:
     """The slow path: the problem of this call, its kernel (opened and warmed up once), and
-    ``state`` adopted by it."""
+    ``state`` adopted by it. ``form``: the call form (``"step"``; ``"packed"``, ``"verify"`` or
+    ``"tree"`` for the engines' calls, :mod:`ssu.dropin_engines`), ``tokens`` the most tokens a
+    sequence of it carries, ``batch`` its sequences (default: x's first dimension)."""
     import torch
 
     from .kernel import open_kernel
 
-    for name, t, dims in (
-        ("state", state, "(num_slots, H, P, N)"),
-        ("x", x, "(batch, H, P)"),
-        ("B", B, "(batch, G, N)"),
-    ):
+    x_dims, B_dims, what = _DIMS["verify" if form == "tree" else form]
+    for name, t, dims in (("state", state, "(num_slots, H, P, N)"), ("x", x, x_dims), ("B", B, B_dims)):
         if not isinstance(t, torch.Tensor) or t.dim() != len(dims.split(",")):
             got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise InputError(
-                f"{name}: expected a tensor {dims} (one token per sequence; a Mamba-1 layer's (batch, "
-                f"dim) inputs are not served), got {got}"
+                f"{name}: expected a tensor {dims} ({what}; a Mamba-1 layer's (batch, dim) inputs are not served), "
+                f"got {got}"
             )
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
         raise InputError(f"pad_slot_id: expected an integer, got {pad_slot_id!r}")
@@ -254,25 +300,27 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
             "does not take; open a kernel with ssu.open and adopt both with kernel.adopt_state(cache, scales=...)"
         )
     S, H, P, N = state.shape
-    b = x.shape[0]
+    b = x.shape[0] if batch is None else batch
     used = _config(config)
     fields = dict(
         nheads=H,
         headdim=P,
         dstate=N,
-        ngroups=B.shape[1],
+        ngroups=B.shape[-2],
         state_dtype=state.dtype,
         input_dtype=x.dtype,
         num_slots=S,
         device=str(state.device),
         pad_slot_id=pad_slot_id,
         engine_state=True,
+        engine_calls=frozenset() if form == "step" else frozenset({form}),
     )
-    key = (tuple(sorted((k, str(v)) for k, v in fields.items())), id(config))
+    key = (tuple(sorted((k, str(sorted(v) if isinstance(v, frozenset) else v)) for k, v in fields.items())), id(config))
     kernel = _kernels.get(key)
-    if kernel is None or b > kernel.problem.max_batch:
+    if kernel is None or b > kernel.problem.max_batch or tokens > kernel.problem.tokens_per_step:
         batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
-        kernel = open_kernel(used, _problem(fields, 1 << (batch - 1).bit_length()))
+        T = max(tokens, 1 if kernel is None else kernel.problem.tokens_per_step)
+        kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), 1 << (batch - 1).bit_length()))
         if kernel.needs_sync:
             raise BackendError(
                 f"backend {kernel.backend!r} keeps state beside the engine's cache (its tensor is current "
@@ -293,7 +341,7 @@ def _prepare(state, x, B, pad_slot_id: int, config) -> _Adopted:
     adopted = kernel.adopt_state(alias)
     if warm:
         kernel.warmup(adopted)
-    key = (id(state), id(config))
+    key = (id(state), id(config)) if form == "step" else (id(state), id(config), form)
     entry = _Adopted(weakref.ref(state, lambda _, key=key: _adopted.pop(key, None)), kernel, adopted)
     _adopted[key] = entry
     return entry
@@ -308,6 +356,7 @@ _ARGUMENT_OF = {
     "dstate": "state",
     "ngroups": "B",
     "num_slots": "state",
+    "tokens_per_step": "state_batch_indices",
 }
 
 

@@ -8,7 +8,9 @@ kernel's fault record, ``Context.faults``. For a backend that does not, the core
 same rows itself, with a few torch operations before each validated step and commit
 (:func:`guard`, :func:`guard_commit`). The record is one int64 on the problem's device holding the smallest
 key of the rows refused so far, or :data:`NO_FAULT`. A key packs the row, which argument and the
-low 32 bits of the value, so that the first offending row is reported exactly.
+low 32 bits of the value, so that the first offending row is reported exactly. The engine call
+forms (docs/spec.md, "Engine call forms") key their refused values with kind :data:`ENGINE`, whose
+row field names the argument, the sequence and the token (:func:`engine_key`).
 
 :meth:`ssu.Kernel.check` reads the record (that synchronises), raises an :class:`~ssu.InputError`
 naming the row, and clears it; ``read_state``, ``write_state``, ``warmup``, ``sync`` and
@@ -22,9 +24,26 @@ from typing import Optional
 #: the record's value when nothing was refused
 NO_FAULT = (1 << 63) - 1
 #: what a key's kind field names
-KINDS = ("slots", "dst_slots", "num_accepted")
-SLOTS, DST_SLOTS, NUM_ACCEPTED = range(3)
+KINDS = ("slots", "dst_slots", "num_accepted", "engine call")
+SLOTS, DST_SLOTS, NUM_ACCEPTED, ENGINE = range(4)
 _ROW_SHIFT, _KIND_SHIFT, _LOW32 = 34, 32, 0xFFFFFFFF
+#: the arguments of an engine call form (docs/spec.md, "Engine call forms") a key of kind
+#: :data:`ENGINE` names, with the engines' own names for them
+ENGINE_ARGS = ("slots", "dst_slots", "num_accepted", "cu_seqlens", "parents", "buffer_rows", "slots")
+ENGINE_NAMES = (
+    "state_batch_indices",
+    "dst_state_batch_indices",
+    "num_accepted_tokens",
+    "cu_seqlens",
+    "retrieve_parent_token",
+    "intermediate_state_indices",
+    "state_batch_indices",
+)
+#: the packed call's tables (slots, destinations: a cell per token), counts and offsets; the parent
+#: table, buffer rows and slot vector of a verify call
+E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_PARENTS, E_BUFFER_ROWS, E_ROW_SLOTS = range(7)
+#: an engine key's row field: the argument (3 bits), the sequence (19 bits), the token (7 bits)
+_ARG_SHIFT, _SEQ_SHIFT, _SEQ_BITS, _TOKEN_BITS = 26, 7, 19, 7
 
 
 def allocate(device):
@@ -45,6 +64,38 @@ def decode(key: int) -> tuple[int, int, int]:
     if value >= 1 << 31:
         value -= 1 << 32
     return key >> _ROW_SHIFT, (key >> _KIND_SHIFT) & 3, value
+
+
+def engine_row(arg: int, sequence: int, token: int = 0) -> int:
+    """The row field of an engine call's key: which argument (:data:`ENGINE_ARGS`), the sequence
+    (the row of a table) and the token (its column; 0 for a vector). Sequences past 2^19 and tokens
+    past 127 share the last field value (the key still names the argument)."""
+    sequence = min(sequence, (1 << _SEQ_BITS) - 1)
+    token = min(token, (1 << _TOKEN_BITS) - 1)
+    return (arg << _ARG_SHIFT) | (sequence << _SEQ_SHIFT) | token
+
+
+def engine_key(arg: int, sequence: int, token: int, value: int) -> int:
+    """The key of a refused value of an engine call: ``encode(engine_row(...), ENGINE, value)``."""
+    return encode(engine_row(arg, sequence, token), ENGINE, value)
+
+
+def record_engine(faults, bad, values, arg: int) -> None:
+    """:func:`record` for an engine call's argument ``arg``: ``bad`` and ``values`` a vector (one
+    per sequence) or an (N, W) table, keyed by sequence and token (torch ops, no synchronisation)."""
+    import torch
+
+    if bad.numel() == 0:
+        return
+    table = bad.dim() == 2
+    n = torch.arange(bad.shape[0], device=bad.device, dtype=torch.int64)
+    t = torch.arange(bad.shape[1] if table else 1, device=bad.device, dtype=torch.int64)
+    n = n.clamp(max=(1 << _SEQ_BITS) - 1)
+    t = t.clamp(max=(1 << _TOKEN_BITS) - 1)
+    rows = (arg << _ARG_SHIFT) | (n[:, None] << _SEQ_SHIFT) | t[None, :]
+    keys = (rows << _ROW_SHIFT) | (ENGINE << _KIND_SHIFT) | (values.reshape(rows.shape).to(torch.int64) & _LOW32)
+    keys = torch.where(bad.reshape(rows.shape), keys, torch.full_like(keys, NO_FAULT))
+    torch.minimum(faults, keys.amin().reshape(1), out=faults)
 
 
 def record(faults, bad, values, kind: int) -> None:
@@ -70,6 +121,8 @@ def message(key: int, problem) -> Optional[str]:
         return None
     row, kind, value = decode(key)
     name = KINDS[kind]
+    if kind == ENGINE:
+        return _engine_message(row, value, problem)
     if kind == NUM_ACCEPTED:
         return (
             f"num_accepted[{row}] = {value}: outside 1..{problem.tokens_per_step}; that slot's state was "
@@ -111,4 +164,55 @@ def guard_commit(slots, num_accepted, problem, faults):
     return (
         torch.where(dropped, torch.full_like(slots, problem.pad_slot_id), slots),
         torch.where(bad_counts, torch.ones_like(num_accepted), num_accepted),
+    )
+
+
+def _engine_message(row: int, value: int, problem) -> str:
+    """The message of a refused value of an engine call form (key of kind :data:`ENGINE`)."""
+    arg = row >> _ARG_SHIFT
+    n = (row >> _SEQ_SHIFT) & ((1 << _SEQ_BITS) - 1)
+    t = row & ((1 << _TOKEN_BITS) - 1)
+    if arg >= len(ENGINE_ARGS):
+        return f"an engine call met a value it refused (argument code {arg}, sequence {n}, value {value})"
+    name, engine = ENGINE_ARGS[arg], ENGINE_NAMES[arg]
+    where = f"{name}[{n}, {t}]" if arg in (E_SLOTS, E_DST_SLOTS, E_PARENTS) else f"{name}[{n}]"
+    label = f"{where} ({engine}) = {value}"
+    fix = 'validate = "full" refuses it before the call runs'
+    if arg == E_ROW_SLOTS:
+        return (
+            f"{label}: neither a slot of this cache (0..{problem.num_slots - 1}) nor the pad id {problem.pad_slot_id}; "
+            f"row {n} was served as a pad row (a zero state, nothing stored, its outputs written). Fix the engine's "
+            f"slot ids; {fix}"
+        )
+    if arg == E_SLOTS:
+        return (
+            f"{label}: neither a slot of this cache (0..{problem.num_slots - 1}) nor the pad id {problem.pad_slot_id}; "
+            f"sequence {n} was served as a padded one (a zero state, no state written, its outputs written). Fix the "
+            f"engine's slot table; {fix}"
+        )
+    if arg == E_DST_SLOTS:
+        return (
+            f"{label}: neither a slot of this cache (0..{problem.num_slots - 1}) nor the pad id {problem.pad_slot_id}; "
+            f"that token's state was not written. Fix the engine's slot table; {fix}"
+        )
+    if arg == E_NUM_ACCEPTED:
+        return (
+            f"{label}: outside 0..{problem.tokens_per_step} (the table's width at most); sequence {n} was served as "
+            f"a padded one. Pass how many tokens of the previous step each sequence kept; {fix}"
+        )
+    if arg == E_CU_SEQLENS:
+        return (
+            f"{label}: sequence {n}'s offsets are not ascending within the call's tokens, or it has more tokens "
+            f"than its slot table has columns; no state of sequence {n} was written, and the call's other results "
+            f"are unspecified. Pass cumulative offsets (N + 1 of them, from 0, each sequence at most the table's "
+            f"width); {fix}"
+        )
+    if arg == E_PARENTS:
+        return (
+            f"{label}: a parent at or after its own token {t}; token {t} continued from token {t - 1} instead. "
+            f"A token's parent is one of the tokens before it (or negative for the one before it); {fix}"
+        )
+    return (
+        f"{label}: not a row of the intermediate-state buffer; row {n} stored nothing in it, followed no "
+        f"parents, and its outputs are unspecified. Pass buffer rows inside the buffer; {fix}"
     )

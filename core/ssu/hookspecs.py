@@ -10,7 +10,8 @@ factory in :class:`~ssu.records.BackendSpec` returns it once (its signature is
 
 Required hooks: ``ssu_backend``, ``ssu_allocate_state``, ``ssu_read_state``,
 ``ssu_write_state``; ``ssu_commit`` if the capabilities declare ``speculative``;
-``ssu_adopt_state`` if they declare ``adopt_state``. Every other hook is optional and has the
+``ssu_adopt_state`` if they declare ``adopt_state``; ``ssu_engine_call`` if they declare
+``engine_calls``. Every other hook is optional and has the
 default documented on it.
 """
 
@@ -179,6 +180,25 @@ def ssu_traffic(ctx: "Context", batch: int, accepted: float) -> Optional[dict]:
         def ssu_traffic(ctx, batch, accepted):
             slot = ctx.problem.state_bytes_per_slot()
             return {"checkpoint read": batch * slot, "checkpoint write": batch * slot / 16}
+    """
+
+
+@hookspec(firstresult=True)
+def ssu_engine_call(ctx: "Context", form: str) -> Any:
+    """Return the callable of one engine call form (plugin API 1.8) for the kernel of ``ctx``:
+    ``"packed"`` (vLLM's, :class:`ssu.contract.PackedStepFn`) or ``"verify"`` (SGLang's,
+    :class:`ssu.contract.VerifyStepFn`; it also serves ``"tree"``'s parent tokens where the
+    capabilities declare ``"tree"``). Called once per kernel and form, when the kernel opens, for
+    each form of ``ctx.problem.engine_calls``; the callable is the hot path of that form, called
+    directly (no hook dispatch, no allocation but an ``out`` not given, no host synchronisation).
+    Required when the capabilities declare ``engine_calls``. Semantics: docs/spec.md, "Engine call
+    forms".
+
+    Example::
+
+        @ssu.hookimpl
+        def ssu_engine_call(ctx, form):
+            return make_packed_step(ctx) if form == "packed" else make_verify_step(ctx)
     """
 
 

@@ -125,6 +125,16 @@ class Kernel:
         self._launch_index = devices.launch_index(ctx.problem.device)
         self.step = devices.on_index(step, self._launch_index)
         self._commit_keys: set = set()
+        from . import engine_calls
+
+        #: vLLM's speculative call form (:class:`ssu.contract.PackedStepFn`), where the problem's
+        #: ``engine_calls`` name ``"packed"``; else a callable that says how to open one
+        self.packed_step: contract.PackedStepFn = engine_calls.not_opened("packed", self.problem)
+        #: SGLang's verify call form (:class:`ssu.contract.VerifyStepFn`), where the problem's
+        #: ``engine_calls`` name ``"verify"`` (or ``"tree"``); else a callable that says how to open one
+        self.verify_step: contract.VerifyStepFn = engine_calls.not_opened("verify", self.problem)
+        for form in engine_calls.forms_of(self.problem):
+            setattr(self, f"{form}_step", engine_calls.bind(self, self._hook, ctx, form))
 
     def lane(
         self,

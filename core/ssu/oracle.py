@@ -79,6 +79,92 @@ def step_math64(problem, start, inputs):
     )
 
 
+def packed_math64(cache, x, dt, A, B, C, slots, *, pad_slot_id, dst_slots=None, num_accepted=None,
+                  cu_seqlens=None, D=None, z=None, dt_bias=None, dt_softplus=False):  # fmt: skip
+    """vLLM's packed call (docs/spec.md, "Engine call forms") on a cache of logical states
+    ``cache`` (num_slots, H, P, N), for a call whose ids, counts and offsets are all valid.
+
+    ``x`` (tokens, H, P), ``dt`` (tokens, H), ``B``, ``C`` (tokens, G, N), ``z`` like x;
+    ``cu_seqlens`` (N + 1,) or None (one token a sequence); ``slots``, ``dst_slots`` (N, W);
+    ``num_accepted`` (N,) or None. Returns ``(cache, out)`` in float64: the cache after the call and
+    the outputs (tokens, H, P), NaN in rows no sequence owns."""
+    import torch
+
+    f = torch.float64
+    new = cache.to(f).clone()
+    out = torch.full(x.shape, math.nan, dtype=f, device=x.device)
+    tokens = x.shape[0]
+    cu = list(range(tokens + 1)) if cu_seqlens is None else [int(v) for v in cu_seqlens.tolist()]
+    dst_slots = slots if dst_slots is None else dst_slots
+    for n in range(len(cu) - 1):
+        rows = list(range(cu[n], cu[n + 1]))
+        if not rows:
+            continue
+        kept = 1 if num_accepted is None else int(num_accepted[n])
+        first = int(slots[n, max(kept - 1, 0)])
+        padded = first == pad_slot_id
+        start = torch.zeros_like(new[:1]) if padded else cache.to(f)[first : first + 1]
+        sel = torch.tensor(rows, device=x.device)
+
+        def seq(t, sel=sel):
+            return None if t is None else t[sel][None]
+
+        states, y = ssu_math64(
+            start, seq(x), seq(dt), A, seq(B), seq(C), D=D, z=seq(z), dt_bias=dt_bias, dt_softplus=dt_softplus
+        )
+        out[sel] = y[0]
+        for t in range(len(rows)):
+            target = int(dst_slots[n, t])
+            if not padded and target != pad_slot_id:
+                new[target] = states[0, t]
+    return new, out
+
+
+def verify_math64(cache, x, dt, A, B, C, slots, *, pad_slot_id, update_state=True, buffer=None, buffer_rows=None,
+                  parents=None, D=None, z=None, dt_bias=None, dt_softplus=False):  # fmt: skip
+    """SGLang's verify call (docs/spec.md, "Engine call forms") on a cache of logical states
+    ``cache`` (num_slots, H, P, N), for a call whose ids and parents are all valid.
+
+    ``x`` (b, T, H, P) and the other inputs with a token axis; ``buffer`` (rows, steps, H, P, N) or
+    None; ``buffer_rows`` (b,) or None (the slots); ``parents`` (b, T) or None. Token t >= 1 of a
+    row with a buffer row continues from the exact state after token ``parents[b, t]`` when that is
+    one of 0..t-1. Returns ``(cache, buffer, out)`` in float64 (``buffer`` None without one)."""
+    import torch
+
+    f = torch.float64
+    new = cache.to(f).clone()
+    stored = None if buffer is None else buffer.to(f).clone()
+    b, T = x.shape[:2]
+    out = torch.empty(x.shape, dtype=f, device=x.device)
+    for i in range(b):
+        slot = int(slots[i])
+        padded = slot == pad_slot_id
+        row = None
+        if stored is not None and not padded:
+            row = slot if buffer_rows is None else int(buffer_rows[i])
+        s = torch.zeros_like(new[:1]) if padded else cache.to(f)[slot : slot + 1]
+        after = []
+        for t in range(T):
+            if t and row is not None and parents is not None and 0 <= int(parents[i, t]) < t:
+                s = after[int(parents[i, t])]
+            elif t:
+                s = after[t - 1]
+
+            def tok(v, i=i, t=t):
+                return None if v is None else v[i : i + 1, t : t + 1]
+
+            states, y = ssu_math64(
+                s, tok(x), tok(dt), A, tok(B), tok(C), D=D, z=tok(z), dt_bias=dt_bias, dt_softplus=dt_softplus
+            )
+            after.append(states[:, 0])
+            out[i, t] = y[0, 0]
+            if row is not None:
+                stored[row, t] = states[0, 0]
+        if update_state and not padded:
+            new[slot] = after[-1][0]
+    return new, stored, out
+
+
 #: unit roundoff of each dtype (half the distance between 1 and the next number)
 EPS = {
     "fp32": 2.0**-24,

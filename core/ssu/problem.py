@@ -36,6 +36,24 @@ def _integer(instance, attribute, value) -> None:
         raise ConfigError(f"Problem.{attribute.name} must be an integer, got {value!r}")
 
 
+def _engine_calls(value: Any) -> frozenset:
+    from .records import ENGINE_CALLS
+
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        forms = frozenset(value)
+    except TypeError:
+        raise ConfigError(f"Problem.engine_calls: expected a set of call form names, got {value!r}") from None
+    unknown = sorted(f for f in forms if f not in ENGINE_CALLS)
+    if unknown:
+        raise ConfigError(
+            f"Problem.engine_calls: unknown call form(s) {unknown}; the forms are "
+            + "; ".join(f"{k!r}: {v}" for k, v in ENGINE_CALLS.items())
+        )
+    return forms | {"verify"} if "tree" in forms else forms
+
+
 def _boolean(instance, attribute, value) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"Problem.{attribute.name} must be true or false, got {value!r}")
@@ -53,6 +71,12 @@ class Problem:
     block (vLLM pads with block 0): it is never a sequence's state, and a backend may use it as a
     sink. ``engine_state``: the engine owns the cache tensor and the kernel adopts it
     (``kernel.adopt_state``); only backends that can step a foreign tensor in place serve it.
+
+    ``engine_calls``: the engines' call forms the kernel serves beside its step (docs/spec.md,
+    "Engine call forms"): ``"packed"`` (vLLM's, ``kernel.packed_step``), ``"verify"`` (SGLang's,
+    ``kernel.verify_step``), ``"tree"`` (verify calls with parent tokens; implies ``"verify"``).
+    ``tokens_per_step`` then bounds their tokens per sequence; without ``speculative`` the step
+    itself still takes one token.
     """
 
     nheads: int = attrs.field(validator=_positive)
@@ -68,6 +92,7 @@ class Problem:
     device: str = attrs.field(default="cpu", converter=str)
     pad_slot_id: int = attrs.field(default=-1, validator=_integer)
     engine_state: bool = attrs.field(default=False, validator=_boolean)
+    engine_calls: frozenset = attrs.field(default=frozenset(), converter=_engine_calls)
 
     def __attrs_post_init__(self) -> None:
         if self.nheads % self.ngroups:
@@ -75,10 +100,11 @@ class Problem:
                 f"Problem: nheads={self.nheads} is not a multiple of ngroups={self.ngroups}; "
                 "each group must serve the same number of heads"
             )
-        if not self.speculative and self.tokens_per_step != 1:
+        if not self.speculative and not self.engine_calls and self.tokens_per_step != 1:
             raise ConfigError(
                 f"Problem: tokens_per_step={self.tokens_per_step} needs speculative=True "
-                "(without speculation every token commits at once, so a step carries one token)"
+                "(without speculation every token commits at once, so a step carries one token), "
+                "or engine_calls for the engines' speculative call forms"
             )
         if self.pad_in_cache and self.num_slots < 2:
             raise ConfigError(
@@ -167,4 +193,5 @@ class Problem:
             f"{' speculative' if self.speculative else ''} device={self.device}"
             f"{f' pad={self.pad_slot_id}' if self.pad_slot_id != -1 else ''}"
             f"{' engine-state' if self.engine_state else ''}"
+            f"{' calls=' + ','.join(sorted(self.engine_calls)) if self.engine_calls else ''}"
         )

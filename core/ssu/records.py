@@ -32,8 +32,17 @@ if TYPE_CHECKING:  # records name these types; importing them here would import 
 #: added quantised state dtypes (``int8``, ``fp8_e4m3``: served only where ``state_dtypes``
 #: names them), their row scales (``State.scales``) and ``ssu_adopt_state``'s ``scales``; 1.6
 #: added the step callable's optional ``lane`` (:class:`ssu.contract.LaneFn`); 1.7 its optional
-#: ``cache_lane`` (:class:`ssu.contract.CacheLaneFn`), a lane taking the cache it steps.
-PLUGIN_API_VERSION = "1.7"
+#: ``cache_lane`` (:class:`ssu.contract.CacheLaneFn`), a lane taking the cache it steps; 1.8 the
+#: engines' call forms (``Capabilities.engine_calls``, the hook ``ssu_engine_call``,
+#: :class:`ssu.contract.PackedStepFn` and :class:`ssu.contract.VerifyStepFn`).
+PLUGIN_API_VERSION = "1.8"
+
+#: the engines' call forms a backend may serve (docs/spec.md, "Engine call forms"), and what each is
+ENGINE_CALLS = {
+    "packed": "vLLM's speculative call: tokens packed by cu_seqlens, per-token slot tables, num_accepted_tokens",
+    "verify": "SGLang's verify call: T tokens a row, an intermediate-state buffer, the cache written or not",
+    "tree": "SGLang's verify call with parent tokens (EAGLE trees): a token continues from its parent's state",
+}
 
 
 def _frozen(values) -> frozenset:
@@ -42,6 +51,12 @@ def _frozen(values) -> frozenset:
 
 def _optional_frozen(values) -> Optional[frozenset]:
     return None if values is None else frozenset(values)
+
+
+def _engine_calls(instance, attribute, value) -> None:
+    unknown = sorted(set(value) - set(ENGINE_CALLS))
+    if unknown:
+        raise ValueError(f"{attribute.name}: unknown engine call form(s) {unknown}; known: {', '.join(ENGINE_CALLS)}")
 
 
 def _optional_state_dtype(instance, attribute, value) -> None:
@@ -81,6 +96,9 @@ class Capabilities:
     computes, where that is coarser than the state dtype (a kernel whose products run on bf16
     tensor cores declares ``"bf16"``); the conformance kit's state budget follows it, and users
     see it in ``ssu list``. None: the state dtype's own rounding.
+    ``engine_calls``: the engines' call forms the backend serves (:data:`ENGINE_CALLS`: ``packed``,
+    ``verify``, ``tree``), each through the callable its ``ssu_engine_call`` hook returns; the
+    backend guards their ids and counts itself, so declaring any needs ``guards_slots``.
     """
 
     devices: frozenset = attrs.field(default=("cpu", "cuda"), converter=_frozen)
@@ -105,6 +123,16 @@ class Capabilities:
     contiguous_rows: bool = False
     dt_bias_as_dt: bool = False
     state_precision: Optional[str] = attrs.field(default=None, validator=_optional_state_dtype)
+    engine_calls: frozenset = attrs.field(default=(), converter=_frozen, validator=_engine_calls)
+
+    def __attrs_post_init__(self) -> None:
+        if self.engine_calls and not self.guards_slots:
+            raise ValueError(
+                "Capabilities.engine_calls needs guards_slots=True: the engine call forms' slot tables, counts and "
+                "offsets are guarded by the backend (the core guards only the step's and the commit's)"
+            )
+        if "tree" in self.engine_calls and "verify" not in self.engine_calls:
+            raise ValueError("Capabilities.engine_calls: 'tree' (verify calls with parent tokens) needs 'verify' too")
 
     def check(self, problem: "Problem") -> list[str]:
         """Reasons why ``problem`` is outside these capabilities (empty list: inside)."""
@@ -133,6 +161,8 @@ class Capabilities:
                 "stepping an engine's own cache in place (Problem.engine_state) not supported: it "
                 "allocates its own state; hand states over with write_state / read_state"
             )
+        for form in sorted(problem.engine_calls - self.engine_calls):
+            reasons.append(f"engine call {form!r} ({ENGINE_CALLS[form]}) not supported")
         if problem.pad_slot_id >= 0 and not self.any_pad_slot_id:
             reasons.append(
                 f"pad_slot_id={problem.pad_slot_id} names a slot of the cache; this backend serves "

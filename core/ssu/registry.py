@@ -197,6 +197,11 @@ def validate_plugin(found: Discovered, plugin: Any, *, expected: Optional[str]) 
         raise BackendBrokenError(f"{label} declares speculative decoding but does not implement ssu_commit")
     if spec.capabilities.adopt_state and not pm.hook.ssu_adopt_state.get_hookimpls():
         raise BackendBrokenError(f"{label} declares adopt_state but does not implement ssu_adopt_state")
+    if spec.capabilities.engine_calls and not pm.hook.ssu_engine_call.get_hookimpls():
+        raise BackendBrokenError(
+            f"{label} declares engine call forms ({', '.join(sorted(spec.capabilities.engine_calls))}) but does not "
+            "implement ssu_engine_call"
+        )
     return LoadedBackend(attrs.evolve(found, name=spec.name), spec, pm)
 
 

@@ -52,22 +52,34 @@ class Signatures:
     """The input signatures of one kernel that passed the full check.
 
     A signature is the dtype, device, sizes (and, for the tensors of ``static``, by default
-    :data:`STATIC_STRIDES`, strides) of the call's tensor arguments (``ssu.contract.TENSOR_NAMES``, in that order), an
-    absent optional one standing as an empty placeholder. :meth:`seen` compares a call against the
+    :data:`STATIC_STRIDES`, strides) of the call's tensor arguments (``ssu.contract.TENSOR_NAMES``, in that order,
+    or ``names`` for another call, ``optional`` those that may be absent), an absent optional one standing as
+    an empty placeholder. :meth:`seen` compares a call against the
     remembered signatures; it never raises (a non-tensor simply matches none). torch's guards also
     compare autograd and dispatch state, and never match a call that passes one tensor as two
     arguments: such calls take the full check each time, never a wrong answer.
     """
 
-    def __init__(self, use_guards: bool = True, static: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        use_guards: bool = True,
+        static: Optional[dict] = None,
+        names: Optional[tuple] = None,
+        optional: frozenset = frozenset(),
+    ) -> None:
         import torch
 
+        if names is None:  # the step's tensors
+            names, optional, positions = contract.TENSOR_NAMES, contract.OPTIONAL_TENSORS, _POSITIONS
+        else:  # another call's (an engine call form's), ``optional`` those that may be None
+            positions = {n: i for i, n in enumerate(names)}
         #: (position, first dimension) of the strides each signature holds
-        self._static = tuple((_POSITIONS[n], d) for n, d in (STATIC_STRIDES if static is None else static).items())
+        static = STATIC_STRIDES if static is None else static
+        self._static = tuple((positions[n], d) for n, d in static.items() if n in positions)
         self._guard_class = tensor_guards() if use_guards else None
         #: what stands for an absent optional tensor, one each (the guards never match a tensor
         #: passed twice): callers pass these instead of None (:meth:`arguments` says how)
-        self.placeholders = {n: torch.empty(0) for n in contract.TENSOR_NAMES if n in contract.OPTIONAL_TENSORS}
+        self.placeholders = {n: torch.empty(0) for n in names if n in optional}
         self._entries: list = []
 
     @staticmethod

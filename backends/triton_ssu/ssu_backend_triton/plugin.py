@@ -47,6 +47,7 @@ def ssu_backend():
             any_pad_slot_id=True,
             guards_slots=True,
             tied_inputs=True,
+            engine_calls={"packed", "verify", "tree"},
         ),
         options_class=TritonOptions,
         description="Triton SSU kernel: one state read and T writes per sequence, tuned per batch bucket",
@@ -167,6 +168,22 @@ def warm_up(ctx, log) -> None:
     path = tuning.cache_path(ctx.options.tuning_cache)
     if fresh and path is not None:
         log(f"saved {len(fresh)} tuned bucket(s) to {path}")
+
+
+@ssu.hookimpl
+def ssu_engine_call(ctx, form):
+    """vLLM's packed call and SGLang's verify call, one Triton launch each (:mod:`.engine_launch`)."""
+    return engine_calls(ctx, form)
+
+
+def engine_calls(ctx, form):
+    """The callable of ``form`` for a kernel of either Triton backend, launches shared per kernel."""
+    from .engine_launch import EngineLaunches
+
+    launches = ctx.memo.get("engine_launches")
+    if launches is None:
+        launches = ctx.memo["engine_launches"] = EngineLaunches(ctx)
+    return launches.packed() if form == "packed" else launches.verify()
 
 
 def _factory(ctx):

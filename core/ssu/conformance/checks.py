@@ -28,6 +28,7 @@ from ..harness import (
 )
 from ..inputs import pick_slots, random_states, step_inputs
 from .cases import Case, _laid_out, step_call
+from .engine_calls import check_packed_calls, check_verify_calls
 
 
 class CheckSkipped(Exception):
@@ -482,6 +483,11 @@ def _needs(capability: str, why: str) -> Callable:
     return lambda caps, device: None if getattr(caps, capability) else why
 
 
+def _serves(form: str) -> Callable:
+    why = f"the backend does not declare the engine call form {form!r} (Capabilities.engine_calls)"
+    return lambda caps, device: None if form in caps.engine_calls else why
+
+
 def _on_cuda(caps, device: str):
     return None if str(device).startswith("cuda") else f"needs a CUDA device; this run is on {device}"
 
@@ -513,6 +519,18 @@ CHECKS: dict[str, Check] = {
         "a commit with a layer not stepped is refused",
         speculative=True,
         applies=_needs("speculative", "commits follow speculative steps; the backend declares none"),
+    ),
+    "packed-calls": Check(
+        check_packed_calls,
+        "vLLM's packed call: per-token slots, counts, offsets",
+        speculative=False,
+        applies=_serves("packed"),
+    ),
+    "verify-calls": Check(
+        check_verify_calls,
+        "SGLang's verify call: intermediate states, parents",
+        speculative=False,
+        applies=_serves("verify"),
     ),
 }
 

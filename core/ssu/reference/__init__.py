@@ -36,11 +36,20 @@ def ssu_backend():
             any_pad_slot_id=True,
             guards_slots=True,
             tied_inputs=True,
+            engine_calls={"packed", "verify", "tree"},
         ),
         description="pure PyTorch reference (fp32 math); the correctness oracle, works anywhere",
         url="https://github.com/ssu-project/ssu",
         priority=-1000,
     )
+
+
+@hookimpl
+def ssu_engine_call(ctx, form):
+    """vLLM's packed call and SGLang's verify call, in plain PyTorch (:mod:`.engine_forms`)."""
+    from .engine_forms import make_packed, make_verify
+
+    return make_packed(ctx) if form == "packed" else make_verify(ctx)
 
 
 @hookimpl
