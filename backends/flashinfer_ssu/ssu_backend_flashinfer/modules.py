@@ -78,3 +78,38 @@ def warm_module(ctx, index_dtype: str) -> tuple:
     if cached is None:
         cached = time.perf_counter() - t0 < 3.0
     return cached, name
+
+
+def warm_engine_calls(ctx) -> list:
+    """Run each engine call form of the problem once on scratch states (never the live one), so that
+    FlashInfer builds, or loads from its JIT cache, their modules: the packed form's (T tokens, int32
+    offsets and counts) and the verify form's (T tokens), for each index dtype of
+    ``warmup_index_dtypes``. Returns a readable name of each."""
+    import attrs
+
+    from ssu import engine_harness
+    from ssu.records import Context
+
+    from .engine_forms import make_packed, make_verify
+
+    p = ctx.problem
+    small = attrs.evolve(p, num_slots=3 * p.tokens_per_step + 1, max_batch=2, pad_slot_id=-1, engine_state=False)
+    scratch = allocate_scratch(small, ctx.options)
+    names = []
+    for index_dtype in ctx.options.warmup_index_dtypes:
+        dtype = to_torch(index_dtype)
+        small_ctx = Context(small, ctx.options, ctx.spec, scratch, faults=faults.allocate(p.device))
+        state = slot_state.allocate(small, 1, "flashinfer")
+        gen = torch.Generator().manual_seed(0)
+        if "packed" in p.engine_calls:
+            call = engine_harness.draw_packed(
+                small, gen, sequences=2, lengths=[p.tokens_per_step, 1], index_dtype=dtype
+            )
+            make_packed(small_ctx)(state, **call.kwargs())
+            names.append(f"packed T={p.tokens_per_step} index={index_dtype}")
+        if "verify" in p.engine_calls:
+            call = engine_harness.draw_verify(small, gen, rows=2, buffer_dtype=p.state_dtype, index_dtype=dtype)
+            make_verify(small_ctx)(state, **call.kwargs())
+            names.append(f"verify T={p.tokens_per_step} index={index_dtype}")
+    torch.cuda.synchronize()
+    return names

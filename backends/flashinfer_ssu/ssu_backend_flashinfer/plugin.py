@@ -63,6 +63,7 @@ def ssu_backend():
             tied_inputs=True,
             contiguous_rows=True,
             dt_bias_as_dt=True,
+            engine_calls={"packed", "verify"},
         ),
         options_class=FlashInferOptions,
         description="FlashInfer selective_state_update (JIT-compiled CUDA), algorithm choice, destination slots",
@@ -105,7 +106,35 @@ def ssu_supports(problem, options):
         reasons.append(f"stochastic_rounding applies to an fp16 state cache only (state is {problem.state_dtype})")
     if problem.device_type == "cuda":
         reasons += algorithm_problems(problem, options, compute_capability(problem.device))
+    reasons += engine_call_problems(problem)
     return ssu.Verdict.reject(*reasons) if reasons else ssu.ACCEPT
+
+
+def engine_call_problems(problem) -> list[str]:
+    """Why FlashInfer's own forms cannot serve the engine calls of ``problem``."""
+    if not problem.engine_calls:
+        return []
+    reasons = []
+    if problem.speculative:
+        reasons.append(
+            "the engine call forms on a speculative problem: this backend serves them on one version of each slot "
+            "(open the kernel with speculative=False; the forms commit nothing)"
+        )
+    ratio = problem.heads_per_group
+    if ratio & (ratio - 1) or ratio > 64:
+        reasons.append(
+            f"the engine call forms with {ratio} heads per group: FlashInfer's multi-token kernel takes a power of "
+            "two up to 64"
+        )
+    return reasons
+
+
+@ssu.hookimpl
+def ssu_engine_call(ctx, form):
+    """vLLM's packed call and SGLang's verify call through FlashInfer's own forms (:mod:`.engine_forms`)."""
+    from .engine_forms import make_packed, make_verify
+
+    return make_packed(ctx) if form == "packed" else make_verify(ctx)
 
 
 @ssu.hookimpl
@@ -140,6 +169,12 @@ def ssu_warmup(ctx, state, step):
         took = time.perf_counter() - t0
         where = "found in FlashInfer's JIT cache" if cached else "compiled"
         log(f"module {name}: {where} ({took:.1f} s)")
+    if ctx.problem.engine_calls:
+        from .modules import warm_engine_calls
+
+        t0 = time.perf_counter()
+        names = warm_engine_calls(ctx)
+        log(f"engine call modules {', '.join(names)}: ready ({time.perf_counter() - t0:.1f} s)")
 
 
 def _factory(ctx):

@@ -111,6 +111,10 @@ def allocate_scratch(problem, options) -> dict:
     }
     if options.stochastic_rounding:
         scratch["seed"] = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(dev)
+    if p.engine_calls:
+        from .engine_forms import engine_scratch
+
+        scratch["engine"] = engine_scratch(p)
     return scratch
 
 

@@ -60,6 +60,11 @@ def selective_state_update(
 ):
     cache, H, P, N = state.shape
     _require(state.stride()[1:] == (P * N, N, 1), "state heads must be contiguous")
+    if cu_seqlens is not None and x.dim() == 3:
+        return _varlen(
+            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, pad_slot_id, out,
+            cache_steps, dst_state_batch_indices, cu_seqlens, num_accepted_tokens, intermediate_states_buffer,
+        )  # fmt: skip
     multi = x.dim() == 4
     if not multi:
         x, dt, B, C = x[:, None], dt[:, None], B[:, None], C[:, None]
@@ -109,9 +114,14 @@ def selective_state_update(
                     _require(0 <= w < cache, f"destination {w} outside the cache")
                     state[w] = s.to(state.dtype)
             elif multi and intermediate_states_buffer is not None:
-                w = i if intermediate_state_indices is None else int(intermediate_state_indices[i])
-                _require(0 <= w < intermediate_states_buffer.shape[0], f"draft row {w} outside the buffer")
-                intermediate_states_buffer[w, t] = s.to(intermediate_states_buffer.dtype)
+                buffer = intermediate_states_buffer
+                _require(buffer.is_contiguous() and buffer.dtype == state.dtype, "buffer contiguous, the state's dtype")
+                w = r if intermediate_state_indices is None else int(intermediate_state_indices[i])
+                steps = buffer.view(
+                    -1, H, P, N
+                )  # FlashInfer's SM90 kernel: cache_steps blocks a row, whatever the shape
+                _require(0 <= w * cache_steps + t < steps.shape[0], f"buffer row {w} outside the buffer")
+                steps[w * cache_steps + t] = s.to(buffer.dtype)
         if not pad and not multi and not disable_state_update:
             w = r if dst_state_batch_indices is None else int(dst_state_batch_indices[i])
             _require(0 <= w < cache, f"destination {w} outside the cache")
@@ -124,6 +134,61 @@ def selective_state_update(
             and not disable_state_update
         ):
             state[r] = s.to(state.dtype)
+    return out
+
+
+def _varlen(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, sbi, pad, out, cache_steps, dst, cu, accepted, buffer):
+    """FlashInfer's packed form (x (tokens, H, P) with cu_seqlens), as its SM90 kernel runs it:
+    sequence n starts from column max(accepted[n] - 1, 0) of its row of the table (a pad id there: a
+    zero state and no writes), token t's state goes to dst[n, t] unless that is the pad id; without
+    a destination table only the last state, back to the slot read. A sequence longer than
+    cache_steps raises here (the real kernel overruns its shared memory)."""
+    cache, H, P, N = state.shape
+    _require(dt.dim() == 3 and dt.stride(-1) == 0, "dt must be (tokens, H, P) with stride 0 over P")
+    _require(A.shape == (H, P, N) and A.stride() == (1, 0, 0), "A must be tie_hdim")
+    _require(D.shape == (H, P) and D.stride() == (1, 0) and D.dtype == dt.dtype, "D must be tie_hdim, dt's dtype")
+    _require(buffer is None, "the emulation serves no buffer with cu_seqlens")
+    _require(cu.is_contiguous() and (accepted is None or accepted.is_contiguous()), "offsets and counts contiguous")
+    _require(sbi is not None and (dst is None or dst.dtype == sbi.dtype), "index tables of one dtype")
+    G = B.shape[1]
+    hpg = H // G
+    a = A[:, 0, 0]
+    for n in range(cu.shape[0] - 1):
+        bos, eos = int(cu[n]), int(cu[n + 1])
+        if eos - bos <= 0:
+            continue
+        _require(eos - bos <= cache_steps, f"sequence {n} has {eos - bos} tokens, more than cache_steps={cache_steps}")
+        _require(0 <= bos and eos <= x.shape[0], f"sequence {n}'s rows {bos}..{eos} outside x")
+        column = 0 if accepted is None else max(int(accepted[n]) - 1, 0)
+        _require(sbi.dim() == 1 or column < sbi.shape[1], f"start column {column} outside the table")
+        r = int(sbi[n]) if sbi.dim() == 1 else int(sbi[n, column])
+        padded = r == pad
+        if not padded:
+            _require(0 <= r < cache, f"read index {r} outside the cache of {cache} rows")
+        s = torch.zeros(H, P, N) if padded else state[r].float()
+        for t in range(eos - bos):
+            i = bos + t
+            d = dt[i, :, 0].float() + (0 if dt_bias is None else dt_bias[:, 0].float())
+            if dt_softplus:
+                d = torch.where(d > 20, d, F.softplus(d))
+            xt = x[i].float()
+            s = (
+                s * torch.exp(a * d)[:, None, None]
+                + (d[:, None] * xt)[..., None] * B[i].float().repeat_interleave(hpg, 0)[:, None, :]
+            )
+            y = (s * C[i].float().repeat_interleave(hpg, 0)[:, None, :]).sum(-1) + D[:, 0].float()[:, None] * xt
+            if z is not None:
+                y = y * z[i].float() * torch.sigmoid(z[i].float())
+            out[i] = y.to(out.dtype)
+            if padded:
+                continue
+            if dst is not None:
+                w = int(dst[n, t]) if dst.dim() == 2 else int(dst[n])
+                if w != pad:
+                    _require(0 <= w < cache, f"destination {w} outside the cache")
+                    state[w] = s.to(state.dtype)
+            elif t == eos - bos - 1:
+                state[r] = s.to(state.dtype)
     return out
 
 

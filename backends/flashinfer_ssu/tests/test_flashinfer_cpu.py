@@ -305,6 +305,8 @@ def test_emulated_backend_is_conformant(emulated):
         "guarded-ids",
         "partial-commit",
         "bad-inputs",
+        "packed-calls",
+        "verify-calls",
     }
 
 

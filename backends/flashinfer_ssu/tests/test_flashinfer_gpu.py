@@ -183,3 +183,38 @@ def test_an_undeclared_dstate_is_refused_at_open_with_the_alternatives():
         r"problem here: .*triton",
     ):
         ssu.open(ssu.Config(backend="flashinfer"), p)
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_engine_call_forms_at_the_model_shape(state_dtype, gen):
+    """vLLM's packed call (4 tokens, mixed lengths, pad cells, a padded request, null block 0) and
+    SGLang's verify call (buffer in the cache's dtype, the last state written from it) on an
+    adopted strided cache, against the float64 oracle; then each in a CUDA graph."""
+    from ssu import engine_harness
+    from ssu.harness import engine_cache
+
+    p = cuda_problem(
+        "8b-fp32", state_dtype=state_dtype, tokens_per_step=4, speculative=False, num_slots=160, max_batch=16,
+        pad_slot_id=0, engine_state=True, engine_calls={"packed", "verify"},
+    )  # fmt: skip
+    kernel = ssu.open(ssu.Config(backend="flashinfer"), p)
+    cache, _ = engine_cache(p, 2, gen)
+    state = kernel.adopt_state(cache)
+    kernel.warmup(state)
+    call = engine_harness.draw_packed(p, gen, sequences=16, padded=2, pad_cells=4, with_z=False)
+    engine_harness.check_packed(kernel, state, call, layer=1, layers=2)
+    call = engine_harness.draw_verify(p, gen, rows=12, padded=1, update_state=True, buffer_dtype=state_dtype)
+    engine_harness.check_verify(kernel, state, call, layer=0, layers=2)
+    for draw, run in (
+        (lambda: engine_harness.draw_packed(p, gen, sequences=16, lengths=[4] * 16, with_z=False), kernel.packed_step),
+        (lambda: engine_harness.draw_verify(p, gen, rows=16, buffer_dtype=state_dtype), kernel.verify_step),
+    ):
+        eager = draw()
+        out = torch.empty_like(eager.x)
+        run(state, **dict(eager.kwargs(), out=out))  # compiled before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run(state, **dict(eager.kwargs(), out=out))
+        graph.replay()
+        torch.cuda.synchronize()
+        kernel.check()

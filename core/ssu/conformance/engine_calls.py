@@ -99,18 +99,19 @@ def check_packed_calls(kernel, case: Case, gen) -> None:
 
 
 def check_verify_calls(kernel, case: Case, gen) -> None:
-    """SGLang's verify call: a buffer in shuffled rows (the cache untouched), then the last state
-    written without a buffer, and with ``tree`` parents read back from a bf16 buffer; then a
-    slot outside the cache."""
+    """SGLang's verify call: a buffer in the cache's dtype in shuffled rows (the cache untouched),
+    then the last state written without a buffer, then with a buffer (with ``tree`` a bf16 one,
+    parents read back from it); then a slot outside the cache."""
     rows = max(1, min(case.batch, 3))
     opened, state, gen = _opened(kernel, case, "tree" if "tree" in kernel.capabilities.engine_calls else "verify",
                                  rows, 1)  # fmt: skip
     p = opened.problem
     tree = "tree" in p.engine_calls
+    own = p.state_dtype if not p.quantized else "fp32"  # SGLang keeps the buffer in the cache's dtype
     calls = [
-        dict(buffer_dtype="fp32", update_state=False),
+        dict(buffer_dtype=own, update_state=False),
         dict(buffer_dtype=None, update_state=True),
-        dict(buffer_dtype="bf16", update_state=True, parents=tree, buffer_rows=False),
+        dict(buffer_dtype="bf16" if tree else own, update_state=True, parents=tree, buffer_rows=False),
     ]
     for i, knobs in enumerate(calls):
         call = engine_harness.draw_verify(
@@ -120,7 +121,7 @@ def check_verify_calls(kernel, case: Case, gen) -> None:
         engine_harness.check_verify(opened, state, call, i % 2, 2)
     if opened.config.validate == "full":
         return
-    call = engine_harness.draw_verify(p, gen, rows=rows, update_state=True, index_dtype=_index(case))
+    call = engine_harness.draw_verify(p, gen, rows=rows, update_state=True, buffer_dtype=own, index_dtype=_index(case))
     call.slots[0] = p.num_slots + 11 if p.pad_slot_id != p.num_slots + 11 else p.num_slots + 12
     before = engine_harness.all_states(opened, state, 2)
     opened.verify_step(state, **call.kwargs(), layer=0)
