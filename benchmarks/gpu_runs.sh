@@ -8,7 +8,9 @@
 # overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
 # hf-overhead, hf-in-situ (the in-situ SSU calls and ssu compare alone), bench-all (the four GPU
 # backends in one run), bench-8bit (triton's 8-bit states against bf16, one run), bench-8bit-all
-# (int8 and bf16 states, the four GPU backends, one run).
+# (int8 and bf16 states, the four GPU backends, one run), tests-engine-calls (both forms on the triton and
+# flashinfer backends), bench-packed (vLLM's packed call, T = 4, triton and flashinfer, one run),
+# bench-verify (SGLang's verify call, T = 4, one run).
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -89,6 +91,15 @@ for stage in "$@"; do
       | grep -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
     bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
       --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
+    tests-engine-calls) timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      backends/triton_ssu/tests/test_engine_calls_triton.py backends/flashinfer_ssu/tests/test_flashinfer_gpu.py \
+      -k "engine" 2>&1 | grep -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
+    bench-packed) timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
+      --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" --backends triton,flashinfer --out "$OUT/bench-packed" 2>&1 \
+      | grep -v '^\[ssu' | tee "$OUT/bench-packed.log" | tail -40 ;;
+    bench-verify) timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
+      --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer --out "$OUT/bench-verify" 2>&1 \
+      | grep -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

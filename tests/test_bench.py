@@ -140,3 +140,23 @@ def test_a_cpu_smoke_run_over_two_backends_writes_all_outputs(tmp_path, capsys):
     assert {p.name for p in tmp_path.iterdir()} == {"bench.txt", "bench.json", "bench.png"}
     data = json.loads((tmp_path / "bench.json").read_text())
     assert len(data["rows"]) == 2 * 2 * 2 * 2 and "flashinfer" in data["refused"]
+
+
+def test_engine_call_forms_are_timed_on_an_adopted_cache(tmp_path, capsys):
+    """``--call packed`` / ``--call verify``: the engines' call forms (a smoke run on the CPU), their
+    traffic floor a read per sequence and a write per token, backends without the form not measured."""
+    out = tmp_path / "run"
+    args = ["bench", "--device", "cpu", "--tokens", "4", "--batches", "4", *SMALL, "--out", str(out)]
+    assert main([*args, "--call", "packed", "--backends", "reference,triton-replay"]) == 0
+    text = capsys.readouterr().out
+    assert "vLLM's packed call" in text and "engine call 'packed'" in text
+    (saved,) = json.loads((out / "bench.json").read_text())["rows"]
+    assert saved["call"] == "packed" and saved["batch"] == 4
+    lengths = measure.packed_lengths(4, 4)
+    assert lengths == [4, 4, 4, 1] and measure.packed_lengths(8, 4)[7] == 2
+    slot = 4 * 8 * 16 * 4
+    assert saved["traffic"]["state read"] == 4 * slot and saved["traffic"]["state write"] == sum(lengths) * slot
+    assert main([*args, "--call", "verify", "--backends", "reference"]) == 0
+    assert "SGLang's verify call" in capsys.readouterr().out
+    assert main([*args, "--call", "verify", "--adopt"]) == 2
+    assert "always timed on an adopted cache" in capsys.readouterr().err

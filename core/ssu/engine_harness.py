@@ -178,6 +178,7 @@ def draw_verify(
     buffer_dtype: Optional[str] = "fp32",
     buffer_rows: bool = True,
     parents: bool = False,
+    steps: Optional[int] = None,
     index_dtype=None,
     expanded: bool = True,
     with_z: bool = False,
@@ -187,7 +188,7 @@ def draw_verify(
     the last ``padded`` of them pad rows; an intermediate-state buffer of ``buffer_dtype`` (None:
     none) with a row per call row (``buffer_rows``: given in a shuffled order, else the slots,
     the buffer then as many rows as the cache), and with ``parents`` a random tree (each token's
-    parent one of the tokens before it; token 0's -1)."""
+    parent one of the tokens before it; token 0's -1); ``steps`` a buffer row (default T + 1)."""
     import torch
 
     from .dtypes import to_torch
@@ -200,7 +201,7 @@ def draw_verify(
     buffer = order = None
     if buffer_dtype is not None:
         count = rows if buffer_rows else p.num_slots
-        steps = T + 1  # a buffer may hold more steps a row than the call's tokens
+        steps = T + 1 if steps is None else steps  # by default one step a row more than the call's tokens
         buffer = torch.randn(count, steps, p.nheads, p.headdim, p.dstate, generator=gen)
         buffer = buffer.to(to_torch(buffer_dtype)).to(p.device)
         if buffer_rows:

@@ -7,6 +7,13 @@ The slots of a checkpoint-and-ring backend (flashinfer-replayssm, triton-replay)
 points of their window (a running server), so that the time is the amortised one over a long decode.
 ``adopt`` times steps on an engine's adopted cache (a view with twice a slot's stride) instead of a
 backend-owned state.
+
+``call`` times an engine's call form instead of the step (docs/spec.md, "Engine call forms"), on
+an adopted cache as the engines keep it: ``packed``, vLLM's call of up to T tokens a sequence
+(:func:`packed_lengths`: most sequences carry all T, some fewer), each token's state written to
+its own slot; ``verify``, SGLang's, T tokens a row, every token's state stored in an intermediate
+buffer in the cache's dtype and the cache left alone. Their traffic floor is the same for every
+backend: each sequence's state read once and each token's state written once.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class Case:
     tokens: int = 1
     batch: int = 1
     adopt: bool = False
+    call: str = "step"  # or an engine call form: "packed", "verify"
 
     @property
     def slot_bytes(self) -> int:
@@ -47,10 +55,25 @@ class Case:
         return state_slot_bytes(self.nheads, self.headdim, self.dstate, self.state_dtype)
 
     @property
+    def written(self) -> int:
+        """States one call writes: a state per token (the packed form's :func:`packed_lengths`)."""
+        if self.call == "packed":
+            return sum(packed_lengths(self.batch, self.tokens))
+        return self.batch * self.tokens
+
+    @property
     def state_traffic(self) -> int:
         """Bytes a write-every-step kernel must move per step: each state read once and written
         once per token."""
-        return self.batch * self.slot_bytes * (1 + self.tokens)
+        return self.slot_bytes * (self.batch + self.written)
+
+
+def packed_lengths(batch: int, tokens: int) -> list:
+    """The tokens of each sequence of a timed packed call: all ``tokens`` for three sequences in
+    four, 1 to ``tokens - 1`` for every fourth (requests that kept fewer drafts, or none yet)."""
+    if tokens == 1:
+        return [1] * batch
+    return [tokens if n % 4 != 3 else 1 + (n // 4) % (tokens - 1) for n in range(batch)]
 
 
 @attrs.frozen
@@ -124,6 +147,8 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
     from ..problem import Problem
     from ..timing import event_time_us, graph_time_us
 
+    if case.call != "step":
+        return _measure_call(case, config, device=device, iterations=iterations, timer=timer)
     timing = "custom" if timer is not None else "graph"
     spec = case.tokens > 1
     versions = case.tokens + 1 if spec else 1
@@ -191,6 +216,68 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
         warnings.warn(f"{exc}; its rows show no traffic floor", SSUWarning, stacklevel=2)
         traffic = {}
     return Row(case, us, commit_us, timing, tuple(traffic.items()))
+
+
+def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Optional[Callable]) -> Row:
+    """:func:`measure` of an engine call form (``case.call``) on an adopted cache."""
+    import torch
+
+    from .. import engine_harness
+    from ..config import Config
+    from ..harness import engine_cache, engine_scales
+    from ..inputs import layer_weights
+    from ..kernel import open_kernel
+    from ..problem import Problem
+    from ..timing import event_time_us, graph_time_us
+    from ..traffic import io_bytes
+
+    T = case.tokens
+    per_set = case.batch * (T if case.call == "packed" else 1)
+    sets = max(2, min(64, -(-COLD_BYTES // (case.written * case.slot_bytes))))
+    if not device.startswith("cuda"):
+        sets = 2
+    problem = Problem(
+        nheads=case.nheads, headdim=case.headdim, dstate=case.dstate, ngroups=case.ngroups,
+        state_dtype=case.state_dtype, input_dtype=case.input_dtype, num_slots=sets * per_set, max_batch=case.batch,
+        tokens_per_step=T, device=device, engine_state=True, engine_calls={case.call},
+    )  # fmt: skip
+    kernel = open_kernel(Config(backend=case.backend, validate=False, backends=config.backends), problem)
+    timing = "custom" if timer is not None else ("graph" if kernel.capabilities.cuda_graphs else "eager")
+    if timer is None:
+        timer = graph_time_us if timing == "graph" else event_time_us
+    gen = torch.Generator().manual_seed(0)
+    caches, _ = engine_cache(problem, 1, gen, slot_stride=1)
+    scales, _ = engine_scales(problem, 1, gen, slot_stride=1)
+    state = kernel.adopt_state(caches, scales=scales or None)
+    kernel.warmup(state)
+    weights = layer_weights(problem, gen)
+    if case.call == "packed":
+        lengths = packed_lengths(case.batch, T)
+        calls = [
+            engine_harness.draw_packed(
+                problem, gen, sequences=case.batch, lengths=lengths,
+                accepted=torch.randint(1, T + 1, (case.batch,), generator=gen).tolist(), with_z=False, weights=weights,
+            )
+            for _ in range(sets)
+        ]  # fmt: skip
+        run = kernel.packed_step
+    else:
+        buffer = "fp32" if problem.quantized else case.state_dtype
+        calls = [
+            engine_harness.draw_verify(problem, gen, rows=case.batch, buffer_dtype=buffer, steps=T, weights=weights)
+            for _ in range(sets)
+        ]
+        run = kernel.verify_step
+    outs = [torch.empty_like(c.x) for c in calls]
+    launches = [(lambda c=c, o=o: run(state, **dict(c.kwargs(), out=o))) for c, o in zip(calls, outs)]
+    us = timer(launches, min_launches=iterations)
+    io = io_bytes(problem, case.batch, with_z=False) * case.written // (case.batch * T)
+    traffic = {
+        "state read": case.batch * case.slot_bytes,
+        "state write": case.written * case.slot_bytes,
+        "inputs and outputs": io,
+    }
+    return Row(case, us, None, timing, tuple(traffic.items()))
 
 
 def wall_time_us(launches, *, min_launches: int = 1, repeats: int = 5) -> float:

@@ -24,6 +24,13 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--state-dtype", default="fp32", help="state cache dtype(s), comma-separated (default fp32)")
     g.add_argument("--input-dtype", default="bf16", help="input dtype (default bf16)")
     g.add_argument("--tokens", type=int, default=1, help="tokens per sequence per step; > 1: step + commit")
+    g.add_argument(
+        "--call",
+        choices=("step", "packed", "verify"),
+        default="step",
+        help="what to time: ssu's step (default), or an engine's call form on an adopted cache: packed (vLLM's, "
+        "up to --tokens a sequence), verify (SGLang's, --tokens a row into an intermediate buffer)",
+    )
     p.add_argument("--batches", default="1,8,32,128,256,512", help="batch sizes (default 1,8,32,128,256,512)")
     p.add_argument("--backends", default="all", help="comma-separated names, or all (every available backend)")
     p.add_argument("--config", help="take the backends' options from this ssu.toml / pyproject.toml")
@@ -70,8 +77,10 @@ def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
                 num_slots=2,
                 max_batch=1,
                 tokens_per_step=args.tokens,
-                speculative=args.tokens > 1,
+                speculative=args.tokens > 1 and args.call == "step",
                 device=device,
+                engine_calls=() if args.call == "step" else (args.call,),
+                engine_state=args.call != "step",
             )
         except SSUError as exc:
             raise UsageError(str(exc)) from None
@@ -153,6 +162,8 @@ def cmd_bench(args, timer=None) -> int:
         raise UsageError(f"--batches {args.batches!r}: give positive batch sizes, e.g. 1,8,32,128") from None
     if args.tokens < 1 or args.iterations < 1:
         raise UsageError("--tokens and --iterations must be at least 1")
+    if args.call != "step" and args.adopt:
+        raise UsageError("--adopt: the engine call forms are always timed on an adopted cache; leave --adopt out")
     states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
     fields = _problem_fields(args)
     config = load_config(args.config)
@@ -171,9 +182,10 @@ def cmd_bench(args, timer=None) -> int:
         if smoke
         else (torch.cuda.get_device_name(device) if timer is None else "a fake timer")
     )
+    calls = {"step": "", "packed": ", vLLM's packed call", "verify": ", SGLang's verify call"}
     title = (
         f"ssu bench {datetime.date.today()}, {on}: H={fields['nheads']} P={fields['headdim']} "
-        f"N={fields['dstate']} G={fields['ngroups']}, input {args.input_dtype}, T={args.tokens}"
+        f"N={fields['dstate']} G={fields['ngroups']}, input {args.input_dtype}, T={args.tokens}{calls[args.call]}"
     )
     print(title, flush=True)
     ceiling = None if smoke else measure.copy_ceiling_tbps(device, timer=timer)
@@ -205,6 +217,7 @@ def cmd_bench(args, timer=None) -> int:
             args.tokens,
             batch,
             adopt,
+            args.call,
         )
         label = f"[{done}/{len(plan)}] {name}{' (adopted cache)' if adopt else ''} state {state} batch {batch}"
         print(f"  {label}: warming up and timing ...", end="", flush=True, file=sys.stderr)
