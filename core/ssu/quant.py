@@ -53,3 +53,38 @@ def stored(values, state_dtype: str):
     if is_quantized(state_dtype):
         return dequantize(*quantize(values, state_dtype))
     return values.to(to_torch(state_dtype)).float()
+
+
+#: how far from a tie (relative to h / scale) a quantised value may round to either neighbour: a
+#: reciprocal ``QMAX / max|h|`` within a few units in the last place moves h / scale by no more
+RECIPROCAL_MARGIN = 2.0**-20
+
+
+def _rounded(x, state_dtype: str):
+    """``x`` (float64) rounded to the 8-bit grid of ``state_dtype`` (int8: to nearest, ties to
+    even, within +-127; fp8_e4m3: the cast), as float64."""
+    import torch
+
+    qmax = QMAX[state_dtype]
+    if state_dtype == "int8":
+        return torch.round(x).clamp(-qmax, qmax)
+    return x.float().clamp(-qmax, qmax).to(to_torch(state_dtype)).double()
+
+
+def off_rule(got, values, state_dtype: str):
+    """Mask of the values of ``got`` (what a cache of 8-bit ``state_dtype`` reads back, fp32, after
+    ``values`` were written) that the rule of docs/spec.md ("Quantised states") does not give: the
+    row's scale ``max |h| / QMAX`` (in fp32), each value ``round(h / scale)`` read back as the fp32
+    product ``q * scale``, where ``h / scale`` within :data:`RECIPROCAL_MARGIN` of a tie may round
+    to either neighbour (a reciprocal within a few units in the last place), and nothing else."""
+    import torch
+
+    values = values.float()
+    scale = values.abs().amax(dim=-1, keepdim=True) / QMAX[state_dtype]
+    x = values.double() / torch.where(scale > 0, scale, torch.ones_like(scale)).double()
+    g = got.float()
+    ok = torch.zeros_like(g, dtype=torch.bool)
+    for shift in (-RECIPROCAL_MARGIN, RECIPROCAL_MARGIN):
+        q = _rounded(x + shift * x.abs(), state_dtype)
+        ok |= g == (q.float() * scale)
+    return ~ok

@@ -84,6 +84,34 @@ class _Failed(AssertionError):
     """What hypothesis sees of a failed case (the message is the report's)."""
 
 
+class _DeviceFault(BaseException):
+    """A device fault in a case: it ends the check at once (hypothesis does not shrink a
+    BaseException that is not an Exception), since the CUDA context will not run another kernel."""
+
+
+#: the check that raised a device fault in this process, and what it raised (None: none did). After
+#: a device-side assert a CUDA context answers every later call with the same error, so the checks
+#: after it would all fail for that one check's cause: they are reported as not run, naming it.
+device_fault: Optional[tuple] = None
+
+
+def _record_fault(check: str, exc: BaseException) -> None:
+    global device_fault
+    device_fault = (check, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU reporting a fault of a kernel (a device-side assert, an illegal
+    address): one that leaves the process's CUDA context unusable."""
+    import torch
+
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return "CUDA error" in text or "device-side assert" in text or "illegal memory access" in text
+
+
 def _verdict(loaded, problem, options) -> Optional[str]:
     """Why the backend's ``ssu_supports`` turns ``problem`` down (None: accepted)."""
     verdict = loaded.hook.ssu_supports(problem=problem, options=options)
@@ -134,6 +162,13 @@ def run_check(
     why_not = spec.applies(caps, device)
     if why_not:
         return CheckReport(check, "skip", skipped=((why_not, 1),), seconds=0.0)
+    if device_fault is not None:
+        cause, what = device_fault
+        reason = (
+            f"not run: check {cause!r} raised a device fault ({what}), after which CUDA answers every call of "
+            f"this process with it; run this check alone: ssu verify --backend {backend} --check {check}"
+        )
+        return CheckReport(check, "skip", skipped=((reason, 1),), seconds=0.0)
     backend_options = validated_options(loaded, Config(backend=backend, backends={backend: options} if options else {}))
     ran: list[Case] = []
     skipped: Counter = Counter()
@@ -163,6 +198,13 @@ def run_check(
             failure[:] = [f"{kind}{exc}\n  case: {case.describe()}"]
             raise _Failed(failure[0]) from None
         except Exception as exc:  # a crashing backend fails the check; it does not crash the run
+            if is_device_fault(exc):
+                _record_fault(check, exc)
+                failure[:] = [
+                    f"device fault: {type(exc).__name__}: {exc}\n  case: {case.describe()}\n  (the CUDA context of "
+                    "this process is unusable from here on; the checks after this one are not run in it)"
+                ]
+                raise _DeviceFault(failure[0]) from None
             failure[:] = [f"raised {type(exc).__name__}: {exc}\n  case: {case.describe()}"]
             raise _Failed(failure[0]) from None
         ran.append(case)
@@ -178,6 +220,8 @@ def run_check(
     )(test)
     try:
         test()  # drawn cases first: a failure there is shrunk to a minimal case
+    except _DeviceFault:  # no shrinking: every later call of this process would fail with the same fault
+        pass
     except _Failed:
         pass
     except Unsatisfiable:  # every drawn problem refused: reported below with the reasons
@@ -189,7 +233,7 @@ def run_check(
         for case in real_cases(caps, device, profile, speculative=spec.speculative):
             try:
                 run_case(case)
-            except _Failed:
+            except (_Failed, _DeviceFault):
                 break
     seconds = time.perf_counter() - started
     rows = dict(ran=tuple(ran), skipped=tuple(skipped.items()), refused=tuple(refused.items()), seconds=seconds)
