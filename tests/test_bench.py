@@ -136,7 +136,11 @@ def test_a_cpu_smoke_run_over_two_backends_writes_all_outputs(tmp_path, capsys):
     captured = capsys.readouterr()
     out = captured.out
     assert "[1/" in captured.err and "warming up and timing" in captured.err  # progress per case
-    assert "a smoke run" in out and "triton+adopted" in out and "flashinfer" in out and "ssu.toml:" in out
+    assert "a CPU smoke run (wall-clock times of reference, triton (triton in Triton's interpreter)" in out
+    assert "triton+adopted" in out and "flashinfer" in out
+    assert "recommends no backend" in out and "ssu.toml:" not in out
+    measured = [line.split() for line in out.splitlines() if line.split()[:1] in (["reference"], ["triton+adopted"])]
+    assert measured and all(cells[5] == "-" and cells[-1] == "-" for cells in measured)  # no bandwidth, no ranking
     assert {p.name for p in tmp_path.iterdir()} == {"bench.txt", "bench.json", "bench.png"}
     data = json.loads((tmp_path / "bench.json").read_text())
     assert len(data["rows"]) == 2 * 2 * 2 * 2 and "flashinfer" in data["refused"]
@@ -160,3 +164,17 @@ def test_engine_call_forms_are_timed_on_an_adopted_cache(tmp_path, capsys):
     assert "SGLang's verify call" in capsys.readouterr().out
     assert main([*args, "--call", "verify", "--adopt"]) == 2
     assert "always timed on an adopted cache" in capsys.readouterr().err
+
+
+def test_a_plain_cpu_smoke_run_takes_seconds_on_small_shapes(capsys):
+    """Without shapes or batches a CPU smoke run times small shapes at batches 1 and 2 and says so;
+    the shapes of a model given explicitly are kept."""
+    assert main(["bench", "--device", "cpu", "--backends", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "H=4 P=8 N=16 G=2" in out and "a CPU smoke run (wall-clock times of reference; not a benchmark)" in out
+    rows = [line for line in out.splitlines() if line.startswith("reference ")]
+    assert [line.split()[3] for line in rows] == ["1", "2"] and all(line.split()[5] == "-" for line in rows)
+    assert (
+        main(["bench", "--device", "cpu", "--backends", "reference", "--model", "mamba2-2.7b", "--batches", "1"]) == 0
+    )
+    assert "H=80 P=64 N=128 G=1" in capsys.readouterr().out

@@ -174,3 +174,15 @@ def test_an_unknown_backend_in_a_file_names_the_file(tmp_path):
 def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(args):
     line = one_error_line(ssu(*args))
     assert "no CUDA device" in line and ("--device cuda" in line or "this machine has no CUDA device" in line)
+
+
+def test_library_messages_speak_the_command_line(capsys):
+    """A backend's remedy names its argument (device='cuda'); the command line says the option."""
+    from ssu.cli.main import main
+    from ssu.cli.usage import spoken
+
+    assert spoken("use device='cuda' or device=\"cpu\"") == "use --device cuda or --device cpu"
+    main(["explain", "--backend", "reference"])
+    out = capsys.readouterr().out
+    assert "device='" not in out
+    assert "--device cuda" in out or "FlashInfer" not in out

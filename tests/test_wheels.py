@@ -76,3 +76,19 @@ def test_two_backends_install_from_the_wheels_alone_and_are_listed(wheels, tmp_p
         assert found[name]["distribution"] == "ssu-backend-triton" and found[name]["status"] == "unavailable"
     assert found["flashinfer"]["distribution"] == "ssu-backend-flashinfer"
     assert str(ROOT) not in run(python, "-c", "import ssu; print(ssu.__file__)", cwd=tmp_path, env=env).stdout
+
+
+@pytest.mark.slow
+def test_the_script_builds_from_a_bare_environment_into_a_relative_folder(tmp_path):
+    """A new virtual environment has pip (and an old setuptools, no wheel): enough, since each wheel
+    is built in pip's isolated build environment; the folder is relative to where it was called."""
+    venv = tmp_path / "bare"
+    run(sys.executable, "-m", "venv", str(venv))
+    env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
+    env.pop("VIRTUAL_ENV", None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run("bash", str(ROOT / "scripts" / "build-wheels"), "wheels", cwd=elsewhere, env=env)
+    built = sorted(p.name.split("-")[0] for p in (elsewhere / "wheels").glob("*.whl"))
+    assert built == sorted(DISTRIBUTIONS)
+    assert not (ROOT / "wheels").exists()

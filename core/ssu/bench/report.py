@@ -19,11 +19,18 @@ def _key(row: Row) -> tuple:
     return (c.state_dtype, c.tokens, c.batch)
 
 
-def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
+#: what a smoke run says instead of a recommendation
+SMOKE_ADVICE = (
+    "a smoke run recommends no backend (its times are the host's, not the kernels'): run ssu bench on the GPU "
+    "you serve from"
+)
+
+
+def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict, smoke: bool = False) -> str:
     """One line per measured case: time, bandwidth, fraction of the copy ceiling, the traffic
     floor (the bytes the backend's step must move, at the copy ceiling) and the fraction of it the
     step reaches, and how much slower than the fastest backend of that state dtype, tokens and
-    batch."""
+    batch. A ``smoke`` run (wall-clock times on the CPU) shows times only: no bandwidth, no ranking."""
     best = {}
     for r in rows:
         best[_key(r)] = min(best.get(_key(r), r.us), r.us)
@@ -37,11 +44,14 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict) -> str:
         ratio = r.us / best[_key(r)]
         floor = r.floor_us(ceiling_tbps)
         floor_us, of_floor = ("-", "-") if floor is None else (f"{floor:.1f}", f"{floor / r.us:.0%}")
+        tbps = "-" if smoke else f"{r.tbps:.2f}"
+        versus = "-" if smoke else ("fastest" if ratio == 1 else f"{ratio:.2f}x")
         lines.append(
-            f"{c.backend:22s} {c.state_dtype:8s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {r.tbps:6.2f} "
-            f"{of_copy:>8s} {floor_us:>9s} {of_floor:>8s} {'fastest' if ratio == 1 else f'{ratio:.2f}x':>10s}"
+            f"{c.backend:22s} {c.state_dtype:8s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {tbps:>6s} "
+            f"{of_copy:>8s} {floor_us:>9s} {of_floor:>8s} {versus:>10s}"
         )
-    lines += state_speedups(rows)
+    if not smoke:
+        lines += state_speedups(rows)
     eager = sorted({r.case.backend for r in rows if r.timing == "eager"})
     if eager:
         lines.append(

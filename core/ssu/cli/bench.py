@@ -7,7 +7,7 @@ import platform
 import sys
 
 from .problem_args import MODELS, check_device, require_device
-from .usage import UsageError
+from .usage import UsageError, spoken
 
 EXIT_OK = 0
 
@@ -16,7 +16,11 @@ def add_bench_parser(sub) -> None:
     """Register ``ssu bench`` and its options on the CLI's subcommand table."""
     p = sub.add_parser("bench", help="time every available backend on this GPU across batches; table, plot, advice")
     g = p.add_argument_group("problem (defaults: Nemotron-H-8B head shapes)")
-    g.add_argument("--model", choices=sorted(MODELS), default="nemotron-h-8b", help="head shapes of a real model")
+    g.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        help="head shapes of a real model (default nemotron-h-8b; a --device cpu smoke run: H=4 P=8 N=16 G=2)",
+    )
     g.add_argument("--nheads", type=int, help="H, heads (per tensor-parallel rank)")
     g.add_argument("--headdim", type=int, help="P, head dimension")
     g.add_argument("--dstate", type=int, help="N, state dimension")
@@ -31,12 +35,16 @@ def add_bench_parser(sub) -> None:
         help="what to time: ssu's step (default), or an engine's call form on an adopted cache: packed (vLLM's, "
         "up to --tokens a sequence), verify (SGLang's, --tokens a row into an intermediate buffer)",
     )
-    p.add_argument("--batches", default="1,8,32,128,256,512", help="batch sizes (default 1,8,32,128,256,512)")
+    p.add_argument("--batches", help="batch sizes (default 1,8,32,128,256,512; a --device cpu smoke run: 1,2)")
     p.add_argument("--backends", default="all", help="comma-separated names, or all (every available backend)")
     p.add_argument("--config", help="take the backends' options from this ssu.toml / pyproject.toml")
     p.add_argument("--adopt", action="store_true", help="time steps on an adopted engine cache as well")
     p.add_argument("--iterations", type=int, default=40, help="launches per captured CUDA graph (default 40)")
-    p.add_argument("--device", default=None, help="cuda (default) or cuda:N; cpu: a labelled smoke run, no benchmark")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cuda (default) or cuda:N; cpu: a smoke run of seconds (small shapes, wall-clock times, no advice)",
+    )
     p.add_argument("--out", help="folder for bench.json, bench.png and bench.txt")
     p.add_argument(
         "--from",
@@ -47,8 +55,14 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--ceiling", type=float, help="with --from: the copy ceiling in TB/s to state the rows against")
 
 
-def _problem_fields(args) -> dict:
-    fields = dict(MODELS[args.model])
+#: the head shapes of a CPU smoke run where none are given: a run of seconds, not a model's
+SMOKE_SHAPES = dict(nheads=4, headdim=8, dstate=16, ngroups=2)
+SMOKE_BATCHES, GPU_BATCHES = "1,2", "1,8,32,128,256,512"
+
+
+def _problem_fields(args, smoke: bool = False) -> dict:
+    given = args.model is not None or any(getattr(args, key) is not None for key in SMOKE_SHAPES)
+    fields = dict(SMOKE_SHAPES) if smoke and not given else dict(MODELS[args.model or "nemotron-h-8b"])
     for key in fields:
         if getattr(args, key) is not None:
             if getattr(args, key) < 1:
@@ -156,16 +170,18 @@ def cmd_bench(args, timer=None) -> int:
         )
     if device.startswith("cuda") and timer is None:
         require_device(device)  # an index past the last GPU
+    smoke = not device.startswith("cuda")
+    batches_text = args.batches or (SMOKE_BATCHES if smoke else GPU_BATCHES)
     try:
-        batches = report.parse_batches(args.batches)
+        batches = report.parse_batches(batches_text)
     except ValueError:
-        raise UsageError(f"--batches {args.batches!r}: give positive batch sizes, e.g. 1,8,32,128") from None
+        raise UsageError(f"--batches {batches_text!r}: give positive batch sizes, e.g. 1,8,32,128") from None
     if args.tokens < 1 or args.iterations < 1:
         raise UsageError("--tokens and --iterations must be at least 1")
     if args.call != "step" and args.adopt:
         raise UsageError("--adopt: the engine call forms are always timed on an adopted cache; leave --adopt out")
     states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
-    fields = _problem_fields(args)
+    fields = _problem_fields(args, smoke)
     config = load_config(args.config)
     if "flashinfer-replayssm" not in config.backends:  # its one-kernel path; autotuning each batch takes minutes
         import attrs
@@ -174,14 +190,15 @@ def cmd_bench(args, timer=None) -> int:
             config, backends={**config.backends, "flashinfer-replayssm": {"autotune": False, "algorithm": "monolith"}}
         )
     chosen, refused = _candidates(args, fields, states, config, device)
-    smoke = not device.startswith("cuda")
     if smoke:
         timer = timer or measure.wall_time_us
-    on = (
-        "cpu (a smoke run: wall-clock times of the interpreter, not a benchmark)"
-        if smoke
-        else (torch.cuda.get_device_name(device) if timer is None else "a fake timer")
-    )
+        interpreted = [n for n in chosen if n.startswith("triton")]
+        how = f"wall-clock times of {', '.join(chosen) or 'no backend'}" + (
+            f" ({', '.join(interpreted)} in Triton's interpreter)" if interpreted else ""
+        )
+        on = f"a CPU smoke run ({how}; not a benchmark)"
+    else:
+        on = torch.cuda.get_device_name(device) if timer is None else "a fake timer"
     calls = {"step": "", "packed": ", vLLM's packed call", "verify": ", SGLang's verify call"}
     title = (
         f"ssu bench {datetime.date.today()}, {on}: H={fields['nheads']} P={fields['headdim']} "
@@ -233,9 +250,10 @@ def cmd_bench(args, timer=None) -> int:
             torch.cuda.empty_cache()
     if args.adopt:  # the table compares adopted and owned states as two entries
         rows = [attrs_evolve_backend(r) for r in rows]
-    text = report.table(rows, ceiling, refused)
+    refused = {name: spoken(reason) for name, reason in refused.items()}
+    text = report.table(rows, ceiling, refused, smoke=smoke)
     spans = report.recommend([r for r in rows if not r.case.adopt or not args.adopt])
-    advice = report.advice(spans, rows)
+    advice = report.advice(spans, rows) if not smoke else report.SMOKE_ADVICE
     print(text)
     print()
     print(advice)

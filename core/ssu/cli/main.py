@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from ..errors import SSUError
 from .problem_args import add_problem_args, check_device, problem_from_args, require_device
-from .usage import Parser, UsageError
+from .usage import Parser, UsageError, spoken
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
@@ -121,7 +121,7 @@ def cmd_backends(args) -> int:
         if info.description:
             print(f"      {info.description}")
         if info.reason:
-            print(f"      reason: {info.reason}")
+            print(f"      reason: {spoken(info.reason)}")
         if info.capabilities is not None:
             c = info.capabilities
             extras = [
@@ -156,7 +156,7 @@ def cmd_explain(args) -> int:
     from ..resolve import explain
 
     resolution = explain(_config(args), problem_from_args(args), default_registry())
-    print(resolution.explain())
+    print(spoken(resolution.explain()))
     return EXIT_OK if resolution.selected else EXIT_USAGE
 
 
@@ -357,9 +357,9 @@ def cmd_verify(args) -> int:
         if report.ran:
             print(f"        ran {report.coverage()}")
         for reason, count in report.refused:
-            print(f"        refused by the backend ({count}x): {reason}")
+            print(f"        refused by the backend ({count}x): {spoken(reason)}")
         if report.status == "skip":
-            print(f"        skipped: {report.detail}")
+            print(f"        skipped: {spoken(report.detail)}")
         elif report.skipped:
             for reason, count in report.skipped:
                 print(f"        not applicable ({count}x): {reason}")
@@ -430,7 +430,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SSUError as exc:
         if os.environ.get("SSU_DEBUG"):
             raise
-        message = str(exc).replace("\n", "\n  ")
+        message = spoken(str(exc)).replace("\n", "\n  ")
         print(f"ssu {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # the reader stopped reading (``ssu backends --json | head -1``): not an error

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..shapes import MODEL_SHAPES
 from .usage import UsageError
 
 #: head shapes of real models (docs/spec.md); ``--model`` picks one, explicit options override it
-MODELS = {
-    "nemotron-h-8b": dict(nheads=128, headdim=64, dstate=128, ngroups=8),
-    "nemotron-3-super": dict(nheads=128, headdim=64, dstate=128, ngroups=8),
-    "nemotron-h-56b": dict(nheads=256, headdim=64, dstate=256, ngroups=8),
-    "nemotron-3-nano": dict(nheads=64, headdim=64, dstate=128, ngroups=8),
-    "nemotron-nano-9b-v2": dict(nheads=128, headdim=80, dstate=128, ngroups=8),
-    "granite-4.0-h": dict(nheads=128, headdim=64, dstate=128, ngroups=1),
-    "mamba2-2.7b": dict(nheads=80, headdim=64, dstate=128, ngroups=1),
-}
+MODELS = MODEL_SHAPES
 
 #: the options whose value must be a positive integer when given
 POSITIVE = ("nheads", "headdim", "dstate", "ngroups", "batch", "slots", "tokens")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from ..errors import SSUError
@@ -20,3 +21,12 @@ class Parser(argparse.ArgumentParser):
         """Print argparse's message with a pointer to --help and exit with the usage status (2)."""
         sys.stderr.write(f"{self.prog}: error: {message}; see {self.prog} --help\n")
         raise SystemExit(2)
+
+
+_DEVICE = re.compile(r"device=(['\"])([^'\"]+)\1")
+
+
+def spoken(text: str) -> str:
+    """A library message in the command line's words: the option a user types for what the library
+    names as an argument (``device='cuda'`` -> ``--device cuda``)."""
+    return _DEVICE.sub(r"--device \2", text)

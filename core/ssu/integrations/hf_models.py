@@ -14,6 +14,7 @@ from typing import Optional
 import attrs
 
 from ..errors import ConfigError
+from ..shapes import MODEL_SHAPES
 
 #: architecture -> how its config names the mixer shapes and layer kinds (all layers Mamba2)
 ARCHITECTURES = ("mamba2", "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2")
@@ -22,12 +23,7 @@ MAMBA1 = ("mamba", "falcon_mamba", "jamba")
 #: mixer shapes (H, P, N, G) by preset; "tiny" is for a CPU
 PRESETS = {
     "tiny": (8, 8, 16, 2),
-    "nemotron-h-8b": (128, 64, 128, 8),
-    "nemotron-h-56b": (256, 64, 256, 8),
-    "nemotron-3-nano": (64, 64, 128, 8),
-    "nemotron-nano-9b-v2": (128, 80, 128, 8),
-    "granite-4.0-h": (128, 64, 128, 1),
-    "mamba2-2.7b": (80, 64, 128, 1),
+    **{name: (s["nheads"], s["headdim"], s["dstate"], s["ngroups"]) for name, s in MODEL_SHAPES.items()},
 }
 
 

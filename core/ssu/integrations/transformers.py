@@ -76,12 +76,21 @@ _patched_modules: dict = {}
 class Patch:
     """What :func:`patch` did to one model: undo it with :meth:`undo` (or leave the ``with``)."""
 
-    model: Any
-    mixers: list
+    model: Any = attrs.field(repr=False)
+    mixers: list = attrs.field(repr=False)
     modules: list
-    config: Any
+    config: Any = attrs.field(repr=False)
     active: bool = True
     state_rounding: Optional[str] = None
+
+    def __repr__(self) -> str:
+        backend = ", ".join(self.config.candidates) if hasattr(self.config, "candidates") else self.config
+        state = "active" if self.active else "undone"
+        rounding = f", state rounding {self.state_rounding}" if self.state_rounding else ""
+        return (
+            f"<ssu.integrations.transformers.Patch of {type(self.model).__name__}: {len(self.mixers)} mixer(s), "
+            f"backend {backend}{rounding}, {state}>"
+        )
 
     @property
     def serving(self) -> Serving:
