@@ -14,7 +14,7 @@ from ssu.slot_kernels import pdl_capable
 
 from . import fast_launch
 from .kernel import ssu_kernel
-from .plugin import interpreting
+from .interpreter import interpreting
 
 
 def kernel_call(jit, grid, compile_only: bool = False):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 
 import ssu
 from ssu import slot_state
 from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
 
+from .interpreter import interpreting
 from .options import TritonOptions
 
 NAME = "triton"
@@ -20,11 +20,6 @@ MAX_HEADDIM = 512
 
 def _log(message: str) -> None:
     print(f"[ssu triton] {message}", file=sys.stderr, flush=True)
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels on the CPU through its interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 @ssu.hookimpl

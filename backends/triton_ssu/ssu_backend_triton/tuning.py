@@ -21,6 +21,8 @@ from typing import Callable, NamedTuple, Optional
 from ssu.dtypes import ITEMSIZE
 from ssu.files import locked, write_atomically
 
+from .interpreter import interpreting
+
 ENV_CACHE = "SSU_TRITON_TUNING_CACHE"
 #: scratch memory tuning may use per bucket (bytes)
 SCRATCH_LIMIT = 4 << 30
@@ -190,8 +192,6 @@ def compile_in_parallel(calls) -> None:
     A variant the compiler rejects is left for its real launch to report (tuning skips it). Under
     the interpreter, or a Triton without the mode, nothing is compiled ahead."""
     import triton
-
-    from .plugin import interpreting
 
     mode = getattr(triton, "AsyncCompileMode", None)
     if mode is None or interpreting():
