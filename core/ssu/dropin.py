@@ -73,6 +73,9 @@ _rows: dict = {}  # (batch, device string) -> arange(batch): the slots of a call
 _lanes: dict = {}
 _lane_owners: dict = {}  # the same keys -> [(kernel, layout of the tensors it steps)], as _lanes orders them
 _cache_binds: dict = {}  # the same keys -> cache lanes bound so far
+#: called with each kernel the drop-in opens, once it is warmed up (an engine plugin logs which
+#: backend serves it); never on the hot path
+on_open: list = []
 
 
 def clear() -> None:
@@ -341,6 +344,8 @@ def _prepare(state, x, B, pad_slot_id: int, config, form: str = "step", tokens: 
     adopted = kernel.adopt_state(alias)
     if warm:
         kernel.warmup(adopted)
+        for listener in on_open:
+            listener(kernel)
     key = (id(state), id(config)) if form == "step" else (id(state), id(config), form)
     entry = _Adopted(weakref.ref(state, lambda _, key=key: _adopted.pop(key, None)), kernel, adopted)
     _adopted[key] = entry

@@ -1,0 +1,127 @@
+"""SGLang running its Mamba2 SSU through ssu: a plugin of SGLang's ``sglang.srt.plugins`` entry-point
+group (named ``ssu``, registered by ssu-core), which SGLang's ``load_plugins`` runs in every
+process it starts (the engine, each scheduler).
+
+Where the serving process names an ssu backend (``SSU_BACKEND``, or ``backend`` in ``ssu.toml`` /
+``[tool.ssu]``; :func:`ssu.integrations.engines.configured`), :func:`register` adds, through
+SGLang's hook registry, a hook around ``initialize_mamba_selective_state_update_backend``: SGLang
+initialises its own SSU backend as it always does (its ``--mamba-backend`` checks included), and
+the hook then puts an ssu backend in its place, so that every call of SGLang's dispatch
+``selective_state_update`` (a decode step, or the verify call of speculative decoding with its
+intermediate-state buffer and EAGLE parent tokens) runs through :func:`ssu.selective_state_update`
+on SGLang's own cache, in place. Without such a configuration :func:`register` returns at once and
+SGLang is untouched. SGLang's ``SGLANG_PLUGINS`` allowlist applies as to any plugin
+(``SGLANG_PLUGINS=ssu``).
+
+Not routed: the prefill's chunked scan, the convolutions, and the copy of accepted states from the
+buffer into the cache after verification, which SGLang does itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger("sglang.ssu")
+
+#: what the hook wraps: SGLang's initialisation of its SSU backend
+TARGET = "sglang.kernels.ops.mamba.triton_ops.ssu_dispatch.initialize_mamba_selective_state_update_backend"
+_announce = None
+
+
+def register() -> None:
+    """SGLang's entry point: route SGLang's SSU dispatch through ssu where this process names a backend."""
+    from .engines import configured
+
+    config = configured()
+    if config is None:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TARGET, around_initialize(config), HookType.AROUND)
+
+
+def around_initialize(config):
+    """The hook: SGLang's own initialisation, then an ssu backend serving with ``config`` in its place."""
+
+    def initialize(original, *args, **kwargs):
+        result = original(*args, **kwargs)
+        route(config)
+        return result
+
+    return initialize
+
+
+def route(config) -> None:
+    """Put an ssu backend, serving with ``config``, in SGLang's dispatch (what the hook does after
+    SGLang initialised its own)."""
+    from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
+
+    from .. import dropin
+    from .engines import announce
+
+    global _announce
+    ssu_dispatch._mamba_ssu_backend = ssu_class(ssu_dispatch, config)()
+    if _announce is None:
+        _announce = announce("SGLang", logger)
+        dropin.on_open.append(_announce)
+    logger.info(
+        "ssu routes SGLang's Mamba2 SSU dispatch to backend %s (%s)", ", ".join(config.candidates), config.source
+    )
+
+
+def unregister() -> None:
+    """Forget the listener (for tests; SGLang's dispatch is initialised again by its own call)."""
+    from .. import dropin
+
+    global _announce
+    if _announce in dropin.on_open:
+        dropin.on_open.remove(_announce)
+    _announce = None
+
+
+def ssu_class(ssu_dispatch, config) -> type:
+    """The ``MambaSSUBackend`` of ``ssu_dispatch`` (SGLang's module) whose calls ssu serves with ``config``."""
+    from ..dropin import selective_state_update
+
+    class SSUMambaBackend(ssu_dispatch.MambaSSUBackend):
+        """SGLang's Mamba SSU backend interface served by ssu: each call goes to
+        :func:`ssu.selective_state_update` with the engine's own arguments (the verify form
+        included) on SGLang's cache. SGLang's stochastic-rounding settings are not read: the ssu
+        backend's own options (``[ssu.backends.<name>]``) decide."""
+
+        routes_to_ssu = True
+
+        @property
+        def name(self) -> str:
+            return "ssu"
+
+        def __call__(
+            self,
+            state: Any,
+            x: Any,
+            dt: Any,
+            A: Any,
+            B: Any,
+            C: Any,
+            D: Any = None,
+            z: Any = None,
+            dt_bias: Any = None,
+            dt_softplus: bool = False,
+            state_batch_indices: Any = None,
+            pad_slot_id: int = -1,
+            out: Any = None,
+            disable_state_update: bool = False,
+            intermediate_states_buffer: Any = None,
+            cache_steps: Any = None,
+            retrieve_parent_token: Any = None,
+            intermediate_state_indices: Any = None,
+        ) -> None:
+            selective_state_update(
+                state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, None, pad_slot_id, out,
+                disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
+                cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
+                intermediate_state_indices=intermediate_state_indices, config=config,
+            )  # fmt: skip
+
+    return SSUMambaBackend

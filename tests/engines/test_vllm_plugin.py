@@ -1,0 +1,45 @@
+"""ssu in vLLM 0.34.0, through vLLM's own plugin loader and SSU dispatch (docs/engines.md, "ssu in
+vLLM"): inert without an ssu configuration and outside ``VLLM_PLUGINS``; with one, vLLM's decode and
+speculative calls on its own paged cache equal vLLM's own Triton kernel and the float64 oracle,
+each problem announced once."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from engine_run import scenario
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed here: these tests run in vLLM's own virtual environment (.ci/run builds it)",
+)
+
+
+def test_without_configuration_vllm_keeps_its_own_ssu(tmp_path):
+    found = scenario("vllm", tmp_path)
+    assert found["backend"] == "triton" and "TritonSSUBackend" in found["registry"]
+
+
+def test_the_plugin_respects_vllms_allowlist(tmp_path):
+    found = scenario("vllm", tmp_path, SSU_BACKEND="reference", VLLM_PLUGINS="some_other_plugin")
+    assert found["backend"] == "triton"
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_vllm_calls_run_through_the_configured_backend(tmp_path, backend):
+    """SSU_BACKEND, or an ssu.toml in the working directory, routes every call."""
+    env = {"SSU_BACKEND": backend}
+    if backend == "triton":  # named in a file, the way a deployment would
+        (tmp_path / "ssu.toml").write_text('[ssu]\nbackend = "triton"\n')
+        env = {"VLLM_PLUGINS": "ssu"}
+    found = scenario("vllm", tmp_path, **env)
+    assert found["backend"] == "ssu" and found["registry"] == ["SSUMambaBackend"]
+    assert [c["call"] for c in found["calls"]][0] == "decode" and len(found["calls"]) == 4
+    for call in found["calls"]:
+        assert max(call["out"]) < 1e-5 and max(call["cache"]) < 1e-5, call
+    assert found["untouched"]
+    announced = [line for line in found["logs"] if "serves vLLM's Mamba2 SSU" in line]
+    assert len(announced) == 2 and all(f"backend '{backend}'" in line for line in announced)  # decode, packed
+    assert any("calls=packed" in line for line in announced)
