@@ -123,9 +123,9 @@ def test_every_first_call_check_holds_on_later_signatures(gen):
 
 def test_the_python_signature_key_agrees(gen, monkeypatch):
     """Where torch has no C++ tensor guards the signatures are Python keys: the same refusals."""
-    from ssu import validation
+    from ssu import signatures
 
-    monkeypatch.setattr(validation, "tensor_guards", lambda: None)
+    monkeypatch.setattr(signatures, "tensor_guards", lambda: None)
     test_every_first_call_check_holds_on_later_signatures(gen)
 
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Callable
 from . import contract, devices, engine_checks
 from .errors import BackendError, InputError
 from .records import State
-from .validation import Signatures
+from .signatures import Signatures
 
 if TYPE_CHECKING:
     from .kernel import Kernel
 
-#: the tensors of each form's signature, in order (what :class:`~ssu.validation.Signatures` compares)
+#: the tensors of each form's signature, in order (what :class:`~ssu.signatures.Signatures` compares)
 PACKED_TENSORS = (
     "x",
     "dt",

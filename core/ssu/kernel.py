@@ -18,7 +18,8 @@ from .problem import Problem
 from .records import Context, State
 from .registry import LoadedBackend, Registry, default_registry
 from .resolve import Resolution, resolve
-from .validation import Checker, Signatures
+from .signatures import Signatures
+from .validation import Checker
 
 
 _CHECKED_BODY = """\

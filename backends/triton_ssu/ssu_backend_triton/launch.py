@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from ssu import validation
+from ssu import signatures
 from ssu.slot_kernels import pdl_capable
 
 from . import fast_launch
@@ -261,7 +261,7 @@ def layout_guard(tensors):
     comparison's host time), else :class:`_PythonLayout`. A C++ guard never matches one tensor
     passed twice, nor a tensor that needs gradients where this one did not: such calls launch in
     full, never wrongly."""
-    guards = validation.tensor_guards()
+    guards = signatures.tensor_guards()
     if guards is not None:
         try:
             return guards(

@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from ssu import validation
+from ssu import signatures
 from ssu_backend_triton import fast_launch, launch
 from ssu_backend_triton.launch import POINTERS, StepConstants, StepLaunches, arguments, quant_code
 from ssu_backend_triton.tuning import Schedule
@@ -51,7 +51,7 @@ class Recorder:
 def recorder(request, monkeypatch):
     """The stand-ins, with layouts compared by torch's C++ guards and by the Python fallback."""
     if request.param == "Python layouts":
-        monkeypatch.setattr(validation, "tensor_guards", lambda: None)
+        monkeypatch.setattr(signatures, "tensor_guards", lambda: None)
     rec = Recorder()
     monkeypatch.setattr(launch, "kernel_call", rec.kernel_call)
     monkeypatch.setattr(fast_launch, "direct", rec.find_direct)
