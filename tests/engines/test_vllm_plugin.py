@@ -5,15 +5,24 @@ each problem announced once."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 
 import pytest
 
 from engine_run import scenario
 
+
+def _version():
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed here: these tests run in vLLM's own virtual environment (.ci/run builds it)",
+    _version() != "0.34.0",
+    reason=f"these tests drive vLLM 0.34.0 (here: {_version() or 'none'}); .ci/engine-tests vllm-0.34.0 builds its "
+    "virtual environment",
 )
 
 
