@@ -16,7 +16,8 @@ from ssu.slot_state import LayerViews, versions
 
 from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
-from .launch import StepConstants, StepLaunches, launch
+from .launch import StepConstants, launch
+from .step_launches import StepLaunches
 
 
 class Launcher:
@@ -96,7 +97,7 @@ class Launcher:
     def make_step(self):
         """The step callable: no checks, no allocation but ``out`` when none is given, one launch
         (through the custom op when compiling; directly through Triton's launcher once the call's
-        layout was seen, :class:`~ssu_backend_triton.launch.StepLaunches`)."""
+        layout was seen, :class:`~ssu_backend_triton.step_launches.StepLaunches`)."""
         table = self.table
         seed = self.seed
         faults = self.faults
@@ -178,7 +179,7 @@ class Launcher:
             return out
 
         def bind(state, layer, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, cache):
-            """:meth:`~ssu_backend_triton.launch.StepLaunches.lane` for ``state``'s ``layer``: None
+            """:meth:`~ssu_backend_triton.step_launches.StepLaunches.lane` for ``state``'s ``layer``: None
             with stochastic rounding (its seed moves every step) or while compiling."""
             if seed is not None or is_compiling():
                 return None

@@ -1,4 +1,4 @@
-"""The triton step's direct launches (``launch.StepLaunches``): a call whose layout was launched
+"""The triton step's direct launches (``step_launches.StepLaunches``): a call whose layout was launched
 before passes exactly the arguments a full launch would (its own tensors' addresses, the kept
 tail), straight to the launcher; a call with another layout, or an unaligned pointer, is launched
 in full; and :func:`fast_launch.direct` declines a Triton launcher it does not know.
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from ssu import signatures
-from ssu_backend_triton import fast_launch, launch
-from ssu_backend_triton.launch import POINTERS, StepConstants, StepLaunches, arguments, quant_code
+from ssu_backend_triton import fast_launch, launch, step_launches
+from ssu_backend_triton.launch import StepConstants, arguments, quant_code
+from ssu_backend_triton.step_launches import POINTERS, StepLaunches
 from ssu_backend_triton.tuning import Schedule
 
 STREAM = 0x5EED
@@ -53,10 +54,10 @@ def recorder(request, monkeypatch):
     if request.param == "Python layouts":
         monkeypatch.setattr(signatures, "tensor_guards", lambda: None)
     rec = Recorder()
-    monkeypatch.setattr(launch, "kernel_call", rec.kernel_call)
+    monkeypatch.setattr(step_launches, "kernel_call", rec.kernel_call)
     monkeypatch.setattr(fast_launch, "direct", rec.find_direct)
-    monkeypatch.setattr(launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_raw_stream", lambda device: STREAM)
+    monkeypatch.setattr(step_launches, "_current_device", lambda: 0)
+    monkeypatch.setattr(step_launches, "_raw_stream", lambda device: STREAM)
     return rec
 
 
@@ -327,7 +328,7 @@ def test_a_lane_declines_what_it_was_not_bound_for(recorder, monkeypatch, change
         x = call["x"]
         call["x"] = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
     if change == "another device":
-        monkeypatch.setattr(launch, "_current_device", lambda: 1)
+        monkeypatch.setattr(step_launches, "_current_device", lambda: 1)
     assert lane(*[call[k] for k in LANE_INPUTS]) is None
     assert not recorder.direct
 
@@ -337,7 +338,7 @@ def test_no_lane_without_the_direct_launcher(recorder, monkeypatch):
     launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))
     call = make_call(gen)
     launches(**call)
-    monkeypatch.setattr(launch, "_raw_stream", None)
+    monkeypatch.setattr(step_launches, "_raw_stream", None)
     assert lane_for(launches, call) is None
 
 

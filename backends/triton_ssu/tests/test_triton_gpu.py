@@ -441,7 +441,7 @@ def test_warmup_compiles_every_variant_a_step_takes(tokens, gen):
 
 def test_direct_launches_follow_alignment_dtype_and_layout(gen, monkeypatch):
     """Steps launched again directly (the kept kernel of ``fast_launch``, the step's kept launch
-    arguments of ``launch.StepLaunches`` through Triton's launcher) agree with the reference for
+    arguments of ``step_launches.StepLaunches`` through Triton's launcher) agree with the reference for
     every change Triton specializes on: 16-byte aligned and unaligned inputs, another slot dtype,
     another input layout, each twice (a full launch, then a direct one), one after another and
     back, through the same kernel object."""
