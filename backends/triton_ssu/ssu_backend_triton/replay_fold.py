@@ -34,16 +34,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import (
-    RUNTIME_SCALARS,
-    flush_rule,
-    head_terms,
-    load_checkpoint,
-    move_cursors,
-    store_checkpoint,
-    store_token_output,
-    store_token_outputs,
-)
+from .replay_kernel import RUNTIME_SCALARS, flush_rule, head_terms, move_cursors
+from .replay_tiles import load_checkpoint, store_checkpoint, store_token_output, store_token_outputs
 from .tiles import row_slots, softplus_dt
 
 
