@@ -21,8 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# ssu.faults: engine_row's fields, kind 3, the argument codes
-E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_BUFFER_ROWS, E_ROW_SLOTS = 0, 1, 2, 3, 5, 6
+# ssu.faults: engine_row's fields, kind 3, the argument codes (constexpr: a compiled kernel reads
+# no other module global)
+E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_BUFFER_ROWS, E_ROW_SLOTS = map(tl.constexpr, (0, 1, 2, 3, 5, 6))
 
 
 @triton.jit

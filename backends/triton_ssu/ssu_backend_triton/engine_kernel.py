@@ -25,8 +25,9 @@ import triton.language as tl
 
 from .tiles import int8_to_float, quantized_rows, rounded_state, softplus_dt
 
-# the fields of an engine call's fault key (ssu.faults: engine_row, ENGINE, E_*)
-E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_PARENTS, E_BUFFER_ROWS, E_ROW_SLOTS = 0, 1, 2, 3, 4, 5, 6
+# the argument codes of an engine call's fault key (ssu.faults: engine_row, ENGINE, E_*), as
+# constexpr: a compiled kernel reads no other module global
+E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_PARENTS, E_BUFFER_ROWS, E_ROW_SLOTS = map(tl.constexpr, range(7))
 
 
 @triton.jit
