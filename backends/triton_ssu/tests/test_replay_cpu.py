@@ -15,7 +15,7 @@ import ssu
 from ssu.conformance import run_on
 from ssu.harness import compare_with_reference
 from ssu.inputs import step_inputs
-from ssu_backend_triton import replay_engine, replay_layout, tuning
+from ssu_backend_triton import replay_engine, replay_layout, replay_plans, tuning
 from ssu_backend_triton.replay_launch import Plan
 
 from triton_helpers import DEVICE, compiled_step_matches_reference
@@ -516,20 +516,20 @@ def test_options_refusals_and_explain():
 def test_default_plans_and_cached_plans():
     p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, max_batch=256, device="cpu")
     options = opened(problem()).options
-    assert replay_engine.default_plan(p, options, 8).window == 0
-    assert replay_engine.default_plan(p, options, 64).window == options.max_window
-    assert replay_engine.default_plan(p, options, 64).block_p * 128 == 1024
+    assert replay_plans.default_plan(p, options, 8).window == 0
+    assert replay_plans.default_plan(p, options, 64).window == options.max_window
+    assert replay_plans.default_plan(p, options, 64).block_p * 128 == 1024
     cached = {"k": {"plan": [8, 2, 1, 0, 15, 1, 4, 0]}}
-    assert replay_engine.cached_plan(cached, "k") == Plan(8, 2, 1, 0, 15, 1, 4, 0)
+    assert replay_plans.cached_plan(cached, "k") == Plan(8, 2, 1, 0, 15, 1, 4, 0)
     old = {"k": {"plan": [8, 2, 1, 0, 15, 1, 4]}}  # a plan of fewer fields is tuned again
     for bad in (old, {"k": {"plan": [8, 2, 1, 0, -1, 0, 0, 0]}}, {"k": "x"}, {}):
-        assert replay_engine.cached_plan(bad, "k") is None
-    key = replay_engine.plan_cache_key(p, options, 64, "H200", "3.6.0")
+        assert replay_plans.cached_plan(bad, "k") is None
+    key = replay_plans.plan_cache_key(p, options, 64, "H200", "3.6.0")
     assert "replay v14 W15" in key and "batch 64" in key and "|T1|" in key
-    pinned = replay_engine.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
+    pinned = replay_plans.plan_cache_key(p, attrs.evolve(options, block_p=8), 64, "H200", "3.6.0")
     assert pinned != key and "pin 8:0:0:0" in pinned
-    assert len(replay_engine.candidate_shapes(p)) >= 4
-    assert replay_engine.default_plan(p, options, 64).fold == 0
+    assert len(replay_plans.candidate_shapes(p)) >= 4
+    assert replay_plans.default_plan(p, options, 64).fold == 0
 
 
 def test_fold_kernel_choices():
@@ -538,18 +538,18 @@ def test_fold_kernel_choices():
     forbids it."""
     options = opened(problem()).options
     p = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
-    assert replay_engine.fold_heads_choices(p, options) == [1, 4, 16]
-    assert replay_engine.fold_heads_choices(problem(nheads=24, ngroups=1, device="cpu"), options) == [1, 4, 12]
+    assert replay_plans.fold_heads_choices(p, options) == [1, 4, 16]
+    assert replay_plans.fold_heads_choices(problem(nheads=24, ngroups=1, device="cpu"), options) == [1, 4, 12]
     spec = problem(tokens_per_step=2, speculative=True, device="cpu")
-    assert replay_engine.fold_heads_choices(spec, options) == [1, 2]
-    assert replay_engine.fold_heads_choices(attrs.evolve(spec, state_dtype="bf16"), options) == [1, 2]
+    assert replay_plans.fold_heads_choices(spec, options) == [1, 2]
+    assert replay_plans.fold_heads_choices(attrs.evolve(spec, state_dtype="bf16"), options) == [1, 2]
     pinned = opened(problem(tokens_per_step=2, speculative=True, state_dtype="bf16"), fold_heads=2)
     assert pinned._ctx.memo["launcher"].table[1].fold == 2
-    assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=0)) == []
-    assert replay_engine.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
-    plans = replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
+    assert replay_plans.fold_heads_choices(p, attrs.evolve(options, fold_heads=0)) == []
+    assert replay_plans.fold_heads_choices(p, attrs.evolve(options, fold_heads=2)) == [2]
+    plans = replay_plans.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1), [0, 15])
     assert plans == [Plan(8, 1, 8, 4, 15, 1, h) for h in (1, 4, 16)]
-    assert replay_engine.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1, 0, 1), [15])[0].stepwise == 0
+    assert replay_plans.fold_plans(p, options, Plan(8, 1, 8, 4, 0, 1, 0, 1), [15])[0].stepwise == 0
 
 
 def test_stepwise_plans_are_timed_for_speculative_window_0():
@@ -558,14 +558,14 @@ def test_stepwise_plans_are_timed_for_speculative_window_0():
     options = opened(problem()).options
     spec = problem(nheads=128, headdim=64, dstate=128, ngroups=8, tokens_per_step=4, speculative=True, device="cpu")
     plans = [Plan(8, 1, 8, 4, 0, 1), Plan(8, 1, 8, 4, 15, 1), Plan(16, 4, 1, 0, 0, 1)]
-    assert replay_engine.stepwise_plans(spec, options, plans) == [
+    assert replay_plans.stepwise_plans(spec, options, plans) == [
         Plan(8, 1, 8, 4, 0, 1, 0, 1),
         Plan(16, 4, 1, 0, 0, 1, 0, 1),
     ]
     for fixed in (0, 1):
-        assert replay_engine.stepwise_plans(spec, attrs.evolve(options, stepwise=fixed), plans) == []
+        assert replay_plans.stepwise_plans(spec, attrs.evolve(options, stepwise=fixed), plans) == []
     one = problem(nheads=128, headdim=64, dstate=128, ngroups=8, device="cpu")
-    assert replay_engine.stepwise_plans(one, options, plans) == []
+    assert replay_plans.stepwise_plans(one, options, plans) == []
     pinned = opened(problem(tokens_per_step=2, speculative=True), window=0, stepwise=1)
     assert pinned._ctx.memo["launcher"].table[1].stepwise == 1
     with pytest.raises(ssu.ConfigError, match="stepwise"):
