@@ -15,6 +15,7 @@ from typing import Optional
 import attrs
 
 from . import oracle
+from .errors import InputError
 from .harness import CheckFailure, expect_close, expect_rounded, real_slots
 from .inputs import layer_weights
 
@@ -270,23 +271,49 @@ def _compare_states(kernel, what: str, got, want, before, written, tokens: int, 
         expect_close(f"{what}: written states", got[written], want[written].float(), state_tol)
 
 
-def check_packed(kernel, state, call: PackedCall, layer: int = 0, layers: int = 1) -> None:
+def _fault_named(kernel, fault: Optional[str], what: str) -> None:
+    """After a call: with ``fault`` (a label of :func:`ssu.faults.engine_label`), ``check()`` must
+    raise naming it; without, it must not raise (an InputError then propagates: a valid call
+    refused)."""
+    import re
+
+    if fault is None:
+        kernel.check()
+        return
+    try:
+        kernel.check()
+    except InputError as exc:
+        if not re.search(rf"(?<![\w.]){re.escape(fault)}", str(exc)):
+            raise CheckFailure(
+                f"{what}: check() should name {fault}, but reported: {exc}", "engine/fault-key"
+            ) from None
+        return
+    guards = "engine/packed-guards" if what.startswith("packed") else "engine/verify-guards"
+    raise CheckFailure(f"{what}: {fault} was not recorded (check() raised nothing)", guards)
+
+
+def check_packed(
+    kernel, state, call: PackedCall, layer: int = 0, layers: int = 1, *, served_as=None, fault=None
+) -> None:
     """Run ``call`` on ``layer`` of ``state`` and raise :class:`CheckFailure` where the outputs, the
-    slots it writes (within the budgets) or any other slot or layer (bit for bit) are wrong."""
+    slots it writes (within the budgets) or any other slot or layer (bit for bit) are wrong. A call
+    with a value the backend guards passes ``served_as`` (the valid call the spec serves it as: the
+    oracle runs that) and ``fault`` (what ``check()`` must then name)."""
     import torch
 
     p = kernel.problem
     before = all_states(kernel, state, layers)
-    heads = _per_head(call)
+    served = call if served_as is None else served_as
+    heads = _per_head(served)
     want_cache, want_out = oracle.packed_math64(
-        before[layer], call.x, heads["dt"], heads["A"], call.B, call.C, call.slots.cpu(), pad_slot_id=p.pad_slot_id,
-        dst_slots=None if call.dst_slots is None else call.dst_slots.cpu(),
-        num_accepted=None if call.num_accepted is None else call.num_accepted.cpu(),
-        cu_seqlens=None if call.cu_seqlens is None else call.cu_seqlens.cpu(), D=heads["D"], z=call.z,
-        dt_bias=heads["dt_bias"], dt_softplus=call.dt_softplus,
+        before[layer], served.x, heads["dt"], heads["A"], served.B, served.C, served.slots.cpu(),
+        pad_slot_id=p.pad_slot_id, dst_slots=None if served.dst_slots is None else served.dst_slots.cpu(),
+        num_accepted=None if served.num_accepted is None else served.num_accepted.cpu(),
+        cu_seqlens=None if served.cu_seqlens is None else served.cu_seqlens.cpu(), D=heads["D"], z=served.z,
+        dt_bias=heads["dt_bias"], dt_softplus=served.dt_softplus,
     )  # fmt: skip
     out = kernel.packed_step(state, **call.kwargs(), layer=layer)
-    kernel.check()
+    _fault_named(kernel, fault, "packed call")
     owned = ~torch.isnan(want_out.flatten(1)[:, 0])
     W = call.slots.shape[1]
     expect_close("packed call: outputs", out[owned], want_out[owned], oracle.tolerances(p, W)[0])
@@ -294,30 +321,53 @@ def check_packed(kernel, state, call: PackedCall, layer: int = 0, layers: int = 
     after = all_states(kernel, state, layers)
     for other in range(layers):
         if other != layer and not torch.equal(after[other], before[other]):
-            raise CheckFailure(f"packed call on layer {layer}: layer {other} changed")
+            raise CheckFailure(f"packed call on layer {layer}: layer {other} changed", "layers/independent")
     _compare_states(kernel, "packed call", after[layer], want_cache, before[layer], written, W)
 
 
-def check_verify(kernel, state, call: VerifyCall, layer: int = 0, layers: int = 1) -> None:
+def check_verify(
+    kernel,
+    state,
+    call: VerifyCall,
+    layer: int = 0,
+    layers: int = 1,
+    *,
+    served_as=None,
+    fault=None,
+    unspecified=(),
+    refusable: bool = False,
+) -> bool:
     """Run ``call`` on ``layer`` of ``state`` and raise :class:`CheckFailure` where the outputs, the
-    buffer rows it writes, the slots it writes, or anything else it must leave alone are wrong."""
+    buffer rows it writes, the slots it writes, or anything else it must leave alone are wrong. A
+    call with a value the backend guards passes ``served_as`` (the valid call the spec serves it
+    as, sharing ``call``'s buffer), ``fault`` (what ``check()`` must name) and ``unspecified`` (rows
+    whose outputs the spec leaves open). With ``refusable`` the backend may refuse the call with an
+    InputError (a buffer dtype it does not take): False is returned then, True once checked."""
     import torch
 
     p = kernel.problem
     before = all_states(kernel, state, layers)
-    heads = _per_head(call)
+    served = call if served_as is None else served_as
+    heads = _per_head(served)
     buffer_before = None if call.buffer is None else call.buffer.clone()
     want_cache, want_buffer, want_out = oracle.verify_math64(
-        before[layer], call.x, heads["dt"], heads["A"], call.B, call.C, call.slots.cpu(), pad_slot_id=p.pad_slot_id,
-        update_state=call.update_state, buffer=call.buffer,
-        buffer_rows=None if call.buffer_rows is None else call.buffer_rows.cpu(),
-        parents=None if call.parents is None else call.parents.cpu(), D=heads["D"], z=call.z,
-        dt_bias=heads["dt_bias"], dt_softplus=call.dt_softplus,
+        before[layer], served.x, heads["dt"], heads["A"], served.B, served.C, served.slots.cpu(),
+        pad_slot_id=p.pad_slot_id, update_state=served.update_state, buffer=served.buffer,
+        buffer_rows=None if served.buffer_rows is None else served.buffer_rows.cpu(),
+        parents=None if served.parents is None else served.parents.cpu(), D=heads["D"], z=served.z,
+        dt_bias=heads["dt_bias"], dt_softplus=served.dt_softplus,
     )  # fmt: skip
-    out = kernel.verify_step(state, **call.kwargs(), layer=layer)
-    kernel.check()
+    try:
+        out = kernel.verify_step(state, **call.kwargs(), layer=layer)
+    except InputError:
+        if refusable and (call.buffer is None or torch.equal(call.buffer, buffer_before)):
+            return False
+        raise
+    _fault_named(kernel, fault, "verify call")
     T = call.x.shape[1]
-    real = (call.slots != p.pad_slot_id).cpu()
+    real = (served.slots != p.pad_slot_id).cpu()
+    for row in unspecified:
+        real[row] = False
     out_tol = oracle.tolerances(p, T)[0]
     if call.buffer is not None and call.parents is not None:  # parents come back rounded to the buffer
         out_tol = max(out_tol, oracle.state_tolerance(_dtype(call.buffer), T))
@@ -328,7 +378,7 @@ def check_verify(kernel, state, call: VerifyCall, layer: int = 0, layers: int = 
         )
         untouched = [r for r in range(call.buffer.shape[0]) if r not in rows]
         if not torch.equal(call.buffer[untouched], buffer_before[untouched]):
-            raise CheckFailure("verify call: a buffer row the call does not write changed")
+            raise CheckFailure("verify call: a buffer row the call does not write changed", "engine/verify-buffer-rows")
         steps = call.buffer[rows, :T]
         expect_close(
             "verify call: intermediate states",
@@ -337,14 +387,16 @@ def check_verify(kernel, state, call: VerifyCall, layer: int = 0, layers: int = 
             oracle.state_tolerance(_dtype(call.buffer), T),
         )
         if not torch.equal(call.buffer[rows, T:], buffer_before[rows, T:]):
-            raise CheckFailure("verify call: buffer steps past the call's tokens changed")
+            raise CheckFailure("verify call: buffer steps past the call's tokens changed", "engine/verify-step-index")
     after = all_states(kernel, state, layers)
     for other in range(layers):
         if other != layer and not torch.equal(after[other], before[other]):
-            raise CheckFailure(f"verify call on layer {layer}: layer {other} changed")
-    written = [int(s) for s in call.slots.cpu()[real]] if call.update_state else []
+            raise CheckFailure(f"verify call on layer {layer}: layer {other} changed", "layers/independent")
+    stored = (served.slots != p.pad_slot_id).cpu()
+    written = [int(s) for s in served.slots.cpu()[stored]] if served.update_state else []
     carried = _dtype(call.buffer) if call.buffer is not None and call.parents is not None else None
     _compare_states(kernel, "verify call", after[layer], want_cache, before[layer], sorted(written), T, carried)
+    return True
 
 
 def _dtype(t) -> str:

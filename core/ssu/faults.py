@@ -167,6 +167,15 @@ def guard_commit(slots, num_accepted, problem, faults):
     )
 
 
+def engine_label(arg: int, sequence: int, token: int) -> str:
+    """How a message names the refused value of an engine call: the argument's name, where in it
+    (sequence and token for a table, else the row) and the engine's name for it, as in
+    ``dst_slots[1, 2] (dst_state_batch_indices)``."""
+    name, engine = ENGINE_ARGS[arg], ENGINE_NAMES[arg]
+    where = f"{name}[{sequence}, {token}]" if arg in (E_SLOTS, E_DST_SLOTS, E_PARENTS) else f"{name}[{sequence}]"
+    return f"{where} ({engine})"
+
+
 def _engine_message(row: int, value: int, problem) -> str:
     """The message of a refused value of an engine call form (key of kind :data:`ENGINE`)."""
     arg = row >> _ARG_SHIFT
@@ -174,9 +183,7 @@ def _engine_message(row: int, value: int, problem) -> str:
     t = row & ((1 << _TOKEN_BITS) - 1)
     if arg >= len(ENGINE_ARGS):
         return f"an engine call met a value it refused (argument code {arg}, sequence {n}, value {value})"
-    name, engine = ENGINE_ARGS[arg], ENGINE_NAMES[arg]
-    where = f"{name}[{n}, {t}]" if arg in (E_SLOTS, E_DST_SLOTS, E_PARENTS) else f"{name}[{n}]"
-    label = f"{where} ({engine}) = {value}"
+    label = f"{engine_label(arg, n, t)} = {value}"
     fix = 'validate = "full" refuses it before the call runs'
     if arg == E_ROW_SLOTS:
         return (

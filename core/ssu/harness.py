@@ -18,7 +18,12 @@ from .problem import Problem
 
 
 class CheckFailure(AssertionError):
-    """A conformance check found a wrong result."""
+    """A conformance check found a wrong result; ``rule`` names the rule of docs/spec.md it breaks
+    (an id of :mod:`ssu.conformance.rules`, a single rule or a group; empty: the check's own)."""
+
+    def __init__(self, message: str, rule: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 def open_backend(backend: str, problem: Problem, registry=None, options: Optional[dict] = None):
@@ -34,14 +39,15 @@ def open_pair(backend: str, problem, options=None, registry=None):
     return open_backend(backend, problem, registry, options), open_backend("reference", problem, registry)
 
 
-def expect_close(what: str, actual, expected, tol: float) -> None:
-    """Raise CheckFailure, naming ``what``, when ``actual`` is further than ``tol`` (relative) from ``expected``."""
+def expect_close(what: str, actual, expected, tol: float, rule: str = "") -> None:
+    """Raise CheckFailure, naming ``what`` (and ``rule``), when ``actual`` is further than ``tol``
+    (relative) from ``expected``."""
     err = oracle.rel_error(actual, expected)
     if not err <= tol:
-        raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}")
+        raise CheckFailure(f"{what}: relative error {err:.3e} above tolerance {tol:.1e}", rule)
 
 
-def expect_rounded(what: str, actual, expected, state_dtype: str, start=None) -> None:
+def expect_rounded(what: str, actual, expected, state_dtype: str, start=None, rule: str = "quantised") -> None:
     """Raise CheckFailure, naming ``what``, when a value of an 8-bit cache's state ``actual`` is
     further from ``expected`` than its rounding allows (:func:`ssu.oracle.rounding_bound`; ``start``:
     the state a speculative step started from)."""
@@ -54,7 +60,8 @@ def expect_rounded(what: str, actual, expected, state_dtype: str, start=None) ->
         off = actual[where].double().item() - expected[where].double().item()
         raise CheckFailure(
             f"{what}: value {where} is {off:.3e} from the exact state, {worst:.2f} times what "
-            f"rounding to {state_dtype} with its row's own scale allows (docs/spec.md, Quantised states)"
+            f"rounding to {state_dtype} with its row's own scale allows (docs/spec.md, Quantised states)",
+            rule,
         )
 
 

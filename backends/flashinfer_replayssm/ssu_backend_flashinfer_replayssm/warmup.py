@@ -74,7 +74,7 @@ def private_call(ctx, batch: int, index_dtype, algorithm: str):
     from flashinfer.mamba import checkpointing_ssu
 
     p = ctx.problem
-    small = attrs.evolve(p, num_slots=1, max_batch=batch)
+    small = attrs.evolve(p, num_slots=1, max_batch=batch, pad_slot_id=-1)  # its own pad slot, past the one real one
     options = attrs.evolve(ctx.options, algorithm=algorithm)
     state = layout.allocate(small, 1, options.ring_length(p.tokens_per_step), "private")
     scratch = allocate_scratch(small, options)

@@ -348,6 +348,7 @@ def cmd_verify(args) -> int:
         f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} ({examples} drawn problems "
         f"per check, {profile.real_shapes} real model shapes, decodes of {profile.decode_steps} steps"
         + (f", T capped at {profile.max_tokens}" if profile.max_tokens is not None else "")
+        + (", corner cases" if profile.corners else "")
         + ")",
         flush=True,
     )

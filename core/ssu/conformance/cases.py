@@ -5,8 +5,10 @@ its steps is called: which optional inputs are given and in which dtypes, whethe
 applies, where dt lies against softplus's threshold, how the tensors are laid out in memory,
 whether ``out`` is passed, the batch, its pad rows and how long a decode runs. :func:`cases`
 draws them with hypothesis (each knob independently, so that a bug that needs two of them meets
-both); :func:`real_cases` adds real model head shapes as explicit examples. A :class:`Profile`
-sets how many of each a check runs.
+both); :func:`real_cases` adds real model head shapes as explicit examples, and
+:func:`corner_cases` one awkward case per state dtype (heads past a tile, sizes past powers of
+two, a large batch with pad rows, a pad id inside the cache). A :class:`Profile` sets how many of
+each a check runs.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ REAL_SHAPES = {
     "dstate-96": dict(nheads=32, headdim=64, dstate=96, ngroups=1),
 }
 #: head shapes drawn where the backend accepts any (its declared sets otherwise)
-NHEADS = (1, 2, 3, 4, 6, 8, 16, 32)
+NHEADS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48)
 HEADDIMS = (1, 4, 5, 8, 16, 32, 64, 80)
 DSTATES = (1, 4, 12, 16, 17, 32, 64, 96, 128, 256)
 
@@ -47,7 +49,8 @@ class Profile:
     draws (real shapes aside); ``real_shapes``: how many of :data:`REAL_SHAPES` run as explicit
     examples of the checks that take them; ``decode_steps``: the length of the decode check
     (``real_decode_steps`` at a real shape); ``max_tokens``: a cap on T below the backend's
-    declared maximum (None: T is drawn up to the declared maximum)."""
+    declared maximum (None: T is drawn up to the declared maximum); ``corners``: whether the
+    :func:`corner_cases` run after the drawn ones."""
 
     name: str
     examples: int
@@ -56,23 +59,32 @@ class Profile:
     decode_steps: int
     real_decode_steps: int
     max_tokens: Optional[int] = None
+    corners: bool = True
 
 
 PROFILES = {
     # smoke: for devices where a step is slow (Triton's interpreter on the CPU); T capped at 4,
     # so it is no claim of conformance over the backend's whole declared range
     "smoke": Profile(
-        "smoke", examples=3, max_state=1024, real_shapes=0, decode_steps=6, real_decode_steps=0, max_tokens=4
+        "smoke",
+        examples=3,
+        max_state=1024,
+        real_shapes=0,
+        decode_steps=6,
+        real_decode_steps=0,
+        max_tokens=4,
+        corners=False,
     ),
     "quick": Profile("quick", examples=6, max_state=4096, real_shapes=0, decode_steps=12, real_decode_steps=0),
-    "default": Profile("default", examples=15, max_state=32768, real_shapes=4, decode_steps=40, real_decode_steps=3),
-    "thorough": Profile("thorough", examples=80, max_state=262144, real_shapes=4, decode_steps=64, real_decode_steps=8),
+    "default": Profile("default", examples=15, max_state=32768, real_shapes=4, decode_steps=12, real_decode_steps=3),
+    "thorough": Profile("thorough", examples=80, max_state=262144, real_shapes=4, decode_steps=40, real_decode_steps=8),
 }
 
 
 @attrs.frozen
 class Case:
-    """One problem and how a check calls it (see the module docstring); ``label`` names a real shape."""
+    """One problem and how a check calls it (see the module docstring); ``label`` names a real
+    shape or a corner case."""
 
     problem: Problem
     seed: int = 0
@@ -149,7 +161,7 @@ def cases(capabilities, device: str, profile: Profile, *, speculative: Optional[
         G = draw(st.sampled_from(groups))
         T = draw(st.integers(1, max_tokens))
         spec = (T > 1 or (caps.speculative and draw(st.booleans()))) if speculative is None else speculative
-        num_slots = draw(st.integers(2, 10))
+        num_slots = draw(st.integers(2, 40))
         pad = draw(st.sampled_from(_pad_ids(caps, num_slots)))
         state_dtype = draw(st.sampled_from(sorted(caps.state_dtypes, key=_dtype_order)))
         input_dtype = draw(st.sampled_from(sorted(caps.input_dtypes, key=_dtype_order)))
@@ -263,6 +275,66 @@ def real_cases(capabilities, device: str, profile: Profile, *, speculative: Opti
                 pad_rows=1,
                 steps=profile.real_decode_steps,
                 label=f"{label} {state}",
+                aligned=caps.contiguous_rows,
+            )
+        )
+    return out
+
+
+def _awkward(allowed, limit: int, prefer) -> int:
+    """The largest value of ``allowed`` up to ``limit`` that ``prefer`` likes (else the largest up
+    to it, else the smallest)."""
+    fitting = [v for v in allowed if v <= limit] or [min(allowed)]
+    liked = [v for v in fitting if prefer(v)]
+    return max(liked or fitting)
+
+
+def corner_cases(capabilities, device: str, profile: Profile, *, speculative: Optional[bool] = None) -> list[Case]:
+    """A case per declared state dtype, one-token and speculative problems taking turns where the
+    check takes either (each kind at least once), where tails and bookkeeping go wrong: more than 16 heads
+    and not a multiple of 16, head and state sizes past powers of two, two or more groups, a batch
+    of up to 16 rows with two pad rows over 24 slots, the pad id inside the cache where the backend
+    takes one there (a null block, which an engine leaves holding anything), int64 ids where
+    declared, every optional input, strided rows, ``out=None``."""
+    caps = capabilities
+    odd = lambda v: v & (v - 1) != 0  # noqa: E731 (not a power of two)
+    heads = _allowed(caps.nheads, NHEADS)
+    H = _awkward(heads, 48, lambda h: h > 16 and h % 16 != 0 and h % 2 == 0)
+    N = _awkward(_allowed(caps.dstates, DSTATES), 32, odd)
+    P = _awkward(_allowed(caps.headdims, HEADDIMS), 16, odd)
+    while H * P * N > profile.max_state and any(h < H for h in heads):
+        H = max(h for h in heads if h < H)
+    groups = [g for g in range(2, min(H, 8) + 1) if H % g == 0 and (caps.ngroups is None or g in caps.ngroups)]
+    G = max(groups) if groups else (min(caps.ngroups) if caps.ngroups else 1)
+    if speculative and not caps.speculative:
+        return []
+    kinds = ([False, True] if caps.speculative else [False]) if speculative is None else [speculative]
+    num_slots = 24
+    pad = 0 if caps.any_pad_slot_id else -1
+    inp = "bf16" if "bf16" in caps.input_dtypes else sorted(caps.input_dtypes, key=_dtype_order)[0]
+    out = []
+    states = sorted(caps.state_dtypes, key=_dtype_order)
+    for i in range(max(len(states), len(kinds))):  # the dtypes take turns over the kinds
+        state, spec = states[i % len(states)], kinds[i % len(kinds)]
+        T = min(3, caps.max_tokens_per_step, profile.max_tokens or 3) if spec else 1
+        problem = Problem(
+            nheads=H, headdim=P, dstate=N, ngroups=G, state_dtype=state, input_dtype=inp, num_slots=num_slots,
+            max_batch=16, tokens_per_step=T, speculative=spec, device=device,
+            pad_slot_id=pad,
+        )  # fmt: skip
+        out.append(
+            Case(
+                problem,
+                seed=1000 + len(out),
+                index_dtype="int64" if "int64" in caps.index_dtypes else sorted(caps.index_dtypes)[0],
+                layout="rows" if caps.contiguous_rows else "strided",
+                dt_bias=inp,
+                D=inp,
+                out=False,
+                batch=16,
+                pad_rows=2,
+                steps=min(profile.decode_steps, 4),
+                label=f"corner {state}{' T=' + str(T) if spec else ''}",
                 aligned=caps.contiguous_rows,
             )
         )

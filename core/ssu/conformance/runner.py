@@ -17,8 +17,10 @@ import attrs
 
 from ..errors import InputError, SSUError
 from ..harness import CheckFailure, open_backend
-from .cases import PROFILES, Case, Profile, cases, real_cases
-from .checks import CHECKS, CheckSkipped
+from .cases import PROFILES, Case, Profile, cases, corner_cases, real_cases
+from .catalogue import CHECKS
+from .expect import CheckSkipped
+from .rules import describe as describe_rule
 
 
 @attrs.frozen
@@ -66,7 +68,8 @@ class CheckReport:
 
         return ", ".join(
             [
-                f"{len(self.ran)} cases ({sum(bool(c.label) for c in self.ran)} at real shapes)",
+                f"{len(self.ran)} cases ({sum(bool(c.label) and not c.label.startswith('corner') for c in self.ran)} "
+                f"at real shapes, {sum(c.label.startswith('corner') for c in self.ran)} corners)",
                 f"H {span(p.nheads for p in problems)}",
                 f"P {span(p.headdim for p in problems)}",
                 f"N {span(p.dstate for p in problems)}",
@@ -110,6 +113,11 @@ def is_device_fault(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "CUDA error" in text or "device-side assert" in text or "illegal memory access" in text
+
+
+def breaks(rule: str) -> str:
+    """The line of a failure that names the rule it breaks (nothing for no rule)."""
+    return f"\n  breaks {describe_rule(rule)}" if rule else ""
 
 
 def _verdict(loaded, problem, options) -> Optional[str]:
@@ -186,7 +194,7 @@ def run_check(
             kernel = open_backend(backend, case.problem, registry, options)
         except SSUError as exc:
             message = f"backend {backend!r} refused a problem inside its declared capabilities: {exc}"
-            failure[:] = [f"{message}\n  case: {case.describe()}"]
+            failure[:] = [f"{message}{breaks(spec.rule)}\n  case: {case.describe()}"]
             raise _Failed(failure[0]) from None
         try:
             spec.function(kernel, case, torch.Generator().manual_seed(case.seed))
@@ -195,7 +203,7 @@ def run_check(
             return
         except (CheckFailure, InputError) as exc:
             kind = "" if isinstance(exc, CheckFailure) else "refused a valid call: "
-            failure[:] = [f"{kind}{exc}\n  case: {case.describe()}"]
+            failure[:] = [f"{kind}{exc}{breaks(getattr(exc, 'rule', '') or spec.rule)}\n  case: {case.describe()}"]
             raise _Failed(failure[0]) from None
         except Exception as exc:  # a crashing backend fails the check; it does not crash the run
             if is_device_fault(exc):
@@ -205,7 +213,7 @@ def run_check(
                     "this process is unusable from here on; the checks after this one are not run in it)"
                 ]
                 raise _DeviceFault(failure[0]) from None
-            failure[:] = [f"raised {type(exc).__name__}: {exc}\n  case: {case.describe()}"]
+            failure[:] = [f"raised {type(exc).__name__}: {exc}{breaks(spec.rule)}\n  case: {case.describe()}"]
             raise _Failed(failure[0]) from None
         ran.append(case)
 
@@ -229,12 +237,14 @@ def run_check(
     except Exception as exc:  # hypothesis' own errors
         if not failure:
             failure.append(f"{type(exc).__name__}: {exc}")
-    if spec.real_shapes and not failure:  # then the real model shapes, as they are
-        for case in real_cases(caps, device, profile, speculative=spec.speculative):
-            try:
-                run_case(case)
-            except (_Failed, _DeviceFault):
-                break
+    explicit = real_cases(caps, device, profile, speculative=spec.speculative) if spec.real_shapes else []
+    if profile.corners:
+        explicit += corner_cases(caps, device, profile, speculative=spec.speculative)
+    for case in explicit if not failure else []:  # then the real model shapes and the corners, as they are
+        try:
+            run_case(case)
+        except (_Failed, _DeviceFault):
+            break
     seconds = time.perf_counter() - started
     rows = dict(ran=tuple(ran), skipped=tuple(skipped.items()), refused=tuple(refused.items()), seconds=seconds)
     if failure:

@@ -1,0 +1,83 @@
+"""What the conformance checks share: the slots and acceptance counts a check draws, the error
+budgets of a kernel's problem, and the comparisons that raise :class:`~ssu.harness.CheckFailure`
+naming the rule of :mod:`.rules` a wrong result breaks."""
+
+from __future__ import annotations
+
+from .. import oracle
+from ..errors import InputError
+from ..harness import CheckFailure, expect_close, expect_rounded, logical_states
+from ..inputs import pick_slots
+from .cases import Case
+
+
+class CheckSkipped(Exception):
+    """A check that cannot run here (its device or a capability is missing); the message says why."""
+
+
+def draw_slots(case: Case, gen):
+    import torch
+
+    dtype = torch.int64 if case.index_dtype == "int64" else torch.int32
+    return pick_slots(case.problem, case.batch, gen, pad_rows=case.pad_rows, index_dtype=dtype)
+
+
+def expect_returned(case: Case, call: dict, result) -> None:
+    """``out`` is what the step returns when given; otherwise the step allocates it in x's dtype
+    and shape (docs/spec.md)."""
+    x = call["x"]
+    if case.out:
+        if result is not call["out"]:
+            raise CheckFailure("the step did not return the `out` tensor it was given", "step/out-returned")
+    elif getattr(result, "dtype", None) != x.dtype or tuple(result.shape) != tuple(x.shape):
+        got = (getattr(result, "dtype", type(result).__name__), tuple(getattr(result, "shape", ())))
+        raise CheckFailure(
+            f"with out=None the step returned {got}; expected x's dtype and shape {(x.dtype, tuple(x.shape))}",
+            "step/out-none",
+        )
+
+
+def budgets(kernel) -> tuple[float, float]:
+    """(output, state) budgets of the kernel's problem, its declared state precision included."""
+    return oracle.tolerances(kernel.problem, None, kernel.capabilities.state_precision)
+
+
+def expect_states_close(kernel, what: str, got, want, tol: float, start=None, rule: str = "") -> None:
+    """New states within the state budget of the exact ones; for an 8-bit cache also each value
+    within its own rounding (its row's scale), which a budget relative to the tensor cannot see.
+    ``start``: the states a speculative step started from (:func:`ssu.oracle.rounding_bound`)."""
+    expect_close(what, got, want, tol, rule)
+    if kernel.problem.quantized:
+        expect_rounded(what, got, want, kernel.problem.state_dtype, start if kernel.problem.speculative else None)
+
+
+def expect_no_fault(kernel) -> None:
+    """A call with valid ids records no fault."""
+    try:
+        kernel.check()
+    except InputError as exc:
+        raise CheckFailure(f"kernel.check() reported a fault for valid slot ids: {exc}", "pad/any-id") from None
+
+
+def draw_accepted(case: Case, gen):
+    import torch
+
+    p = case.problem
+    return torch.randint(1, p.tokens_per_step + 1, (case.batch,), generator=gen, dtype=torch.int32).to(p.device)
+
+
+def expect_unchanged(kernel, state, before, named: dict, rule: str = "layers") -> None:
+    """Every slot of every layer as in ``before``, except the slots ``named[layer]`` (else a
+    failure breaking ``rule``)."""
+    import torch
+
+    p = kernel.problem
+    every = torch.arange(p.num_slots, device=p.device)
+    for layer in range(state.num_layers):
+        now = logical_states(kernel, state, layer)
+        mask = torch.ones(p.num_slots, dtype=torch.bool, device=p.device)
+        if layer in named:
+            mask[named[layer]] = False
+        if not torch.equal(now[mask], before[layer][mask]):
+            changed = every[mask][(now[mask] != before[layer][mask]).flatten(1).any(1)].tolist()
+            raise CheckFailure(f"slots {changed[:8]} of layer {layer} changed, but the step did not name them", rule)
