@@ -1,0 +1,1283 @@
+"""Mutants of the ``independent`` backend: each a subclass overriding one method with one small,
+realistic bug that breaks one rule of docs/spec.md.
+
+Every mutant has a class docstring stating its bug, ``RULE`` (a key of ``ssu.conformance.rules.RULES``), ``NAME``
+(``mut-`` and its class name in kebab case) and ``SHOWN_BY``: a function ``(registry, name) ->
+observation`` that makes one fixed call through ``ssu.open`` (:mod:`demos`), so that comparing the
+mutant's observation with the ``independent`` backend's shows the bug without the conformance kit.
+:data:`MUTANTS` lists them all.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+import demos
+from independent import (
+    E_DST_TABLE,
+    E_OFFSETS,
+    E_SLOT_TABLE,
+    QMAX,
+    SLOTS_ARGUMENT,
+    SOFTPLUS_THRESHOLD,
+    ARGUMENT_SHIFT,
+    ROW_SHIFT,
+    Independent,
+)
+
+
+def _kebab(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).lower()
+
+
+def show(scenario, **knobs):
+    """``SHOWN_BY``: ``scenario(registry, name, **knobs)`` of :mod:`demos`."""
+
+    def shown_by(registry, name):
+        return scenario(registry, name, **knobs)
+
+    shown_by.__doc__ = f"demos.{scenario.__name__}({', '.join(f'{k}={v!r}' for k, v in knobs.items())})"
+    return staticmethod(shown_by)
+
+
+def _dense_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+class Mutant(Independent):
+    """A mutant of :class:`Independent`; its name is ``mut-`` and the class name in kebab case."""
+
+    RULE = ""
+    SHOWN_BY = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.NAME = "mut-" + _kebab(cls.__name__)
+
+
+# shapes and layouts -----------------------------------------------------------------------------
+class ReadsXAsDense(Mutant):
+    """Reads x as if it were a dense tensor, ignoring its strides (a slice of a projection reads the wrong values)."""
+
+    RULE = "layout/strided-views"
+    SHOWN_BY = show(demos.step, layout="projection")
+
+    def with_token_axis(self, p, tensors):
+        x = tensors[0]
+        dense = torch.as_strided(x, x.shape, _dense_strides(x.shape), x.storage_offset())
+        return super().with_token_axis(p, [dense, *tensors[1:]])
+
+
+class ReadsBCRowMajor(Mutant):
+    """Reads each (G, N) block of B and C as row-major, honouring only the batch stride (a transposed view misreads)."""
+
+    RULE = "layout/strided-views"
+    SHOWN_BY = show(demos.step, layout="transposed")
+
+    def per_head_rows(self, p, BC):
+        N = BC.shape[-1]
+        blocks = torch.as_strided(BC, BC.shape, (BC.stride(0), N, 1), BC.storage_offset())
+        return super().per_head_rows(p, blocks)
+
+
+class AssumesDenseTokenStride(Mutant):
+    """Steps from one token of x to the next by H * P elements, as if each token's row were dense."""
+
+    RULE = "layout/token-stride"
+    SHOWN_BY = show(demos.speculative, layout="token-rows")
+
+    def with_token_axis(self, p, tensors):
+        x = tensors[0]
+        if p.multi_token:
+            H, P = x.shape[-2:]
+            x = torch.as_strided(x, x.shape, (x.stride(0), H * P, x.stride(2), x.stride(3)), x.storage_offset())
+        return super().with_token_axis(p, [x, *tensors[1:]])
+
+
+# the math of one token --------------------------------------------------------------------------
+class DtBiasIgnored(Mutant):
+    """Leaves dt_bias out of the time step."""
+
+    RULE = "one-token/dt-bias"
+    SHOWN_BY = show(demos.step)
+
+    def effective_dt(self, dt, dt_bias, dt_softplus):
+        return super().effective_dt(dt, None, dt_softplus)
+
+
+class DtBiasAfterSoftplus(Mutant):
+    """Adds dt_bias after softplus instead of before it."""
+
+    RULE = "one-token/dt-bias"
+    SHOWN_BY = show(demos.step)
+
+    def effective_dt(self, dt, dt_bias, dt_softplus):
+        d = super().effective_dt(dt, None, dt_softplus)
+        return d if dt_bias is None else d + dt_bias.float()
+
+
+class SoftplusInInputDtype(Mutant):
+    """Adds dt_bias and applies softplus in dt's dtype (bf16 or fp16) rather than in fp32."""
+
+    RULE = "one-token/softplus"
+    SHOWN_BY = show(demos.step, problem_fields=dict(input_dtype="bf16"))
+
+    def effective_dt(self, dt, dt_bias, dt_softplus):
+        d = dt if dt_bias is None else dt + dt_bias.to(dt.dtype)
+        if dt_softplus:
+            d = self.softplus(d)
+        return d.float()
+
+
+class SoftplusThresholdOnRawDt(Mutant):
+    """Tests softplus's threshold on dt before the bias and then returns that raw dt, dropping dt_bias above 20."""
+
+    RULE = "one-token/softplus-threshold"
+    SHOWN_BY = show(demos.step, dt=25.0)
+
+    def effective_dt(self, dt, dt_bias, dt_softplus):
+        d = super().effective_dt(dt, dt_bias, dt_softplus)
+        if not dt_softplus:
+            return d
+        return torch.where(dt.float() > SOFTPLUS_THRESHOLD, dt.float(), d)
+
+
+class SoftplusSaturatesAt20(Mutant):
+    """Clamps softplus's argument at 20 to avoid overflow and drops the identity above it, so d never exceeds ~20."""
+
+    RULE = "one-token/softplus-threshold"
+    SHOWN_BY = show(demos.step, dt=30.0)
+
+    def softplus(self, v):
+        return torch.log1p(torch.exp(v.clamp(max=SOFTPLUS_THRESHOLD)))
+
+
+class SoftplusAlwaysApplied(Mutant):
+    """Applies softplus whether or not dt_softplus asks for it."""
+
+    RULE = "one-token/softplus-flag"
+    SHOWN_BY = show(demos.step, softplus=False, dt=0.3)
+
+    def effective_dt(self, dt, dt_bias, dt_softplus):
+        return super().effective_dt(dt, dt_bias, True)
+
+
+class DecayAfterInflow(Mutant):
+    """Decays the state after adding the token's inflow: exp(A d) (s + d x B) instead of exp(A d) s + d x B."""
+
+    RULE = "one-token/decay"
+    SHOWN_BY = show(demos.step)
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        d = self.effective_dt(dt, dt_bias, dt_softplus)
+        xf = x.float()
+        s = self.decay(A, d)[:, :, None, None] * (s + self.inflow(d, xf, self.per_head_rows(p, B)))
+        y = self.readout(s, self.per_head_rows(p, C))
+        return s, self.gate(self.skip(y, D, xf), z)
+
+
+class LinearisedDecay(Mutant):
+    """Approximates the decay exp(A d) by its first-order expansion 1 + A d."""
+
+    RULE = "one-token/decay"
+    SHOWN_BY = show(demos.step)
+
+    def decay(self, A, d):
+        return 1.0 + A.float() * d
+
+
+class InflowWithoutDt(Mutant):
+    """Adds x B to the state without the time step d."""
+
+    RULE = "one-token/inflow"
+    SHOWN_BY = show(demos.step)
+
+    def inflow(self, d, x, Bh):
+        return super().inflow(torch.ones_like(d), x, Bh)
+
+
+class ReadoutBeforeUpdate(Mutant):
+    """Reads the output out of the state before the token's update instead of after it."""
+
+    RULE = "one-token/readout"
+    SHOWN_BY = show(demos.step)
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        d = self.effective_dt(dt, dt_bias, dt_softplus)
+        xf = x.float()
+        y = self.readout(s, self.per_head_rows(p, C))
+        s = self.decay(A, d)[:, :, None, None] * s + self.inflow(d, xf, self.per_head_rows(p, B))
+        return s, self.gate(self.skip(y, D, xf), z)
+
+
+class ReadoutWithB(Mutant):
+    """Reads the output with B instead of C."""
+
+    RULE = "one-token/readout"
+    SHOWN_BY = show(demos.step)
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        return super().token_update(p, s, x, dt, A, B, B, D, z, dt_bias, dt_softplus)
+
+
+class SkipMissing(Mutant):
+    """Leaves out the skip connection D x."""
+
+    RULE = "one-token/skip"
+    SHOWN_BY = show(demos.step)
+
+    def skip(self, y, D, x):
+        return y
+
+
+class SkipAfterGate(Mutant):
+    """Adds D x after the gate instead of before it."""
+
+    RULE = "one-token/gate"
+    SHOWN_BY = show(demos.step)
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        d = self.effective_dt(dt, dt_bias, dt_softplus)
+        xf = x.float()
+        s = self.decay(A, d)[:, :, None, None] * s + self.inflow(d, xf, self.per_head_rows(p, B))
+        y = self.readout(s, self.per_head_rows(p, C))
+        return s, self.skip(self.gate(y, z), D, xf)
+
+
+class GateSigmoidOnly(Mutant):
+    """Gates with sigmoid(z) instead of z sigmoid(z)."""
+
+    RULE = "one-token/gate"
+    SHOWN_BY = show(demos.step)
+
+    def gate(self, y, z):
+        return y if z is None else y * torch.sigmoid(z.float())
+
+
+class GroupsInterleaved(Mutant):
+    """Gives head h the group h mod G instead of h // (H / G)."""
+
+    RULE = "one-token/groups"
+    SHOWN_BY = show(demos.step)
+
+    def group_of_head(self, p, device):
+        return torch.arange(p.nheads, device=device) % p.ngroups
+
+
+# out --------------------------------------------------------------------------------------------
+class OutNoneInFp32(Mutant):
+    """Allocates an fp32 output when out is None, whatever x's dtype."""
+
+    RULE = "step/out-none"
+    SHOWN_BY = show(demos.step, out=False, problem_fields=dict(input_dtype="bf16"))
+
+    def output_for(self, x, out):
+        return torch.empty(x.shape, dtype=torch.float32, device=x.device) if out is None else out
+
+
+class OutNoneWithTokenAxis(Mutant):
+    """Returns a one-token step's output with the token axis it computes with, (b, 1, H, P), when out is None."""
+
+    RULE = "step/out-none"
+    SHOWN_BY = show(demos.step, out=False)
+
+    def step(self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots):
+        result = super().step(ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+        return result.unsqueeze(1) if out is None and not ctx.problem.multi_token else result
+
+
+class OutputBufferReused(Mutant):
+    """Keeps one output tensor per shape on the backend object and returns it from every call with out=None, so a
+    later call overwrites what an earlier call returned."""
+
+    RULE = "step/out-none"
+    SHOWN_BY = staticmethod(demos.output_kept)
+
+    def output_for(self, x, out):
+        if out is not None:
+            return out
+        kept = self.__dict__.setdefault("_outputs", {})
+        key = (tuple(x.shape), x.dtype, x.device)
+        if key not in kept:
+            kept[key] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return kept[key]
+
+
+class OutputIntoFreshTensor(Mutant):
+    """Writes the output into a fresh tensor and returns it, leaving a given out unwritten."""
+
+    RULE = "step/out-returned"
+    SHOWN_BY = show(demos.step)
+
+    def output_for(self, x, out):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+# layers -----------------------------------------------------------------------------------------
+class LayerIgnored(Mutant):
+    """Reads and writes layer 0 whatever layer the call names."""
+
+    RULE = "layers/independent"
+    SHOWN_BY = show(demos.step, layer=1)
+
+    def store_of(self, state, layer):
+        return state.views[0]
+
+
+class DraftsShareLayerZero(Mutant):
+    """Keeps every layer's drafts in layer 0's slice of the draft buffer, so the last layer stepped wins them all."""
+
+    RULE = "layers/independent"
+    SHOWN_BY = show(demos.speculative)
+
+    def layer_store(self, buffers, layer, current, current_scale):
+        return super().layer_store(buffers, 0, current, current_scale)
+
+
+class WriteStateIgnoresLayer(Mutant):
+    """Installs write_state's values in layer 0 whatever layer is asked for."""
+
+    RULE = "layers/independent"
+    SHOWN_BY = show(demos.roundtrip, layer=1)
+
+    def write_state(self, ctx, state, slots, values, layer):
+        super().write_state(ctx, state, slots, values, 0)
+
+
+class CommitMovesLayerZeroOnly(Mutant):
+    """Commits only layer 0's drafts; the other layers of the state keep their old states."""
+
+    RULE = "commit/every-layer"
+    SHOWN_BY = show(demos.speculative)
+
+    def commit(self, ctx, state, slots, num_accepted):
+        p = ctx.problem
+        moved = self.commit_rows(ctx, slots, num_accepted)
+        idx = slots[moved].long()
+        if not p.speculative or idx.numel() == 0:
+            return
+        drafts = self.choose_version(num_accepted[moved], p.tokens_per_step)
+        self.commit_layer(p, self.store_of(state, 0), idx, drafts)
+
+
+# pad rows ---------------------------------------------------------------------------------------
+class PadReadsClampedSlot(Mutant):
+    """Reads every row's start state at its id clamped into the cache, so a pad row reads a slot's state, not zero."""
+
+    RULE = "pad/reads-zero"
+    SHOWN_BY = show(demos.step)
+
+    def start_states(self, p, store, ids, reads):
+        return self.read_slot_state(p, store, ids.long().clamp(0, p.num_slots - 1))
+
+
+class NullBlockReadAsZero(Mutant):
+    """Reads a pad row's start state from the null block when the pad id names one, assuming it holds zeros; rows
+    that store nothing write into that block, so a pad row reads what an earlier row left there (aliasing)."""
+
+    RULE = "pad/reads-zero"
+    SHOWN_BY = show(demos.step, adopt=True, problem_fields=dict(pad_slot_id=0))
+
+    def start_states(self, p, store, ids, reads):
+        if p.pad_in_cache:
+            reads = reads | self.is_pad(p, ids)
+        return super().start_states(p, store, ids, reads)
+
+
+class PadOutputZeroed(Mutant):
+    """Writes 0 as a pad row's output (as mamba_ssm does) instead of y from a zero state."""
+
+    RULE = "pad/output-written"
+    SHOWN_BY = show(demos.step)
+
+    def step(self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots):
+        out = super().step(ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+        out[self.is_pad(ctx.problem, slots)] = 0
+        return out
+
+
+class PadOutputSkipped(Mutant):
+    """Leaves a pad row's output as it was (a kernel that returns early for pad rows)."""
+
+    RULE = "pad/output-written"
+    SHOWN_BY = show(demos.step)
+
+    def step(self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots):
+        before = None if out is None else out.clone()
+        result = super().step(ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+        pad = self.is_pad(ctx.problem, slots)
+        result[pad] = float("nan") if before is None else before[pad]
+        return result
+
+
+class OnlyMinusOneIsPad(Mutant):
+    """Recognises only -1 as the pad id, whatever the problem's pad id is."""
+
+    RULE = "pad/any-id"
+    SHOWN_BY = show(demos.step, problem_fields=dict(pad_slot_id=-7))
+
+    def is_pad(self, p, ids):
+        return ids == -1
+
+
+class PadPastTheEndIsOutside(Mutant):
+    """Exempts the pad id from the outside-the-cache test only when it is negative, so a pad id past the cache's end
+    is recorded as a fault."""
+
+    RULE = "pad/any-id"
+    SHOWN_BY = show(demos.step, problem_fields=dict(pad_slot_id=9))
+
+    def outside_cache(self, p, ids):
+        negative_pad = self.is_pad(p, ids) & (ids < 0)
+        return ((ids < 0) | (ids >= p.num_slots)) & ~negative_pad
+
+
+class PadRowWritesDestination(Mutant):
+    """Lets a pad row write its state (from a zero start) to its destination when that names a slot."""
+
+    RULE = "pad/writes-nothing"
+    SHOWN_BY = show(demos.step, slots=(4, 1, "pad"), dst=(0, "pad", 3))
+
+    def step_targets(self, ctx, slots, reads, dst_slots):
+        if dst_slots is None:
+            return slots, reads
+        return dst_slots, self.rows_writing(ctx, dst_slots)
+
+
+# destinations -----------------------------------------------------------------------------------
+class WritesSourceNotDestination(Mutant):
+    """Writes a row's new state to the slot it read, ignoring dst_slots."""
+
+    RULE = "destinations/write-dst"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 2), dst=(0, 3, 5))
+
+    def step_targets(self, ctx, slots, reads, dst_slots):
+        _, writes = super().step_targets(ctx, slots, reads, dst_slots)
+        return slots, writes
+
+
+class PadDestinationWritesSource(Mutant):
+    """Writes a row whose destination is the pad id back to its own slot instead of writing nothing."""
+
+    RULE = "destinations/pad-dst"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 2), dst=(0, "pad", 5))
+
+    def step_targets(self, ctx, slots, reads, dst_slots):
+        if dst_slots is None:
+            return slots, reads
+        targets = torch.where(self.is_pad(ctx.problem, dst_slots), slots, dst_slots)
+        return targets, reads & self.rows_writing(ctx, targets)
+
+
+# guarded ids and the fault record ---------------------------------------------------------------
+class OutsideIdsNotRecorded(Mutant):
+    """Serves a row whose id lies outside the cache as a pad row but does not record it."""
+
+    RULE = "guarded/recorded"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 9, 2))
+
+    def rows_reading(self, ctx, slots):
+        return self.names_slot(ctx.problem, slots)
+
+
+class RecordsLastOffendingRow(Mutant):
+    """Records the largest key of a call's refused rows instead of the smallest, naming the last such row."""
+
+    RULE = "guarded/key"
+    SHOWN_BY = show(demos.step, slots=(4, -3, 9, 2))
+
+    def record_fault(self, ctx, bad, rows, argument, values):
+        if not bool(bad.any()):
+            return
+        keys = self.fault_key(rows, argument, values)
+        keys = torch.broadcast_to(keys, bad.shape)[bad]
+        torch.minimum(ctx.faults, keys.max().reshape(1), out=ctx.faults)
+
+
+class FaultValueNotMasked(Mutant):
+    """Puts the refused id into its key without masking it to 32 bits, so a negative id sign-extends over the row
+    and argument fields."""
+
+    RULE = "guarded/key"
+    SHOWN_BY = show(demos.step, slots=(4, 1, -3, 2))
+
+    def fault_key(self, rows, argument, values):
+        return (rows.to(torch.int64) << ROW_SHIFT) | (argument << ARGUMENT_SHIFT) | values.to(torch.int64)
+
+
+class DestinationFaultAsSlots(Mutant):
+    """Records a destination outside the cache under argument 0 (slots) instead of 1 (dst_slots)."""
+
+    RULE = "guarded/argument-code"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 2), dst=(0, 11, 5))
+
+    def rows_writing(self, ctx, dst_slots):
+        self.record_id_faults(ctx, dst_slots, SLOTS_ARGUMENT)
+        return self.names_slot(ctx.problem, dst_slots)
+
+
+class OutsideIdsWrittenClamped(Mutant):
+    """Masks only pad rows out of a step's write and clamps the ids into the cache, so a row whose id lies outside
+    the cache writes its state into slot 0 or the last slot."""
+
+    RULE = "guarded/no-touch"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 9, 2))
+
+    def step_targets(self, ctx, slots, reads, dst_slots):
+        p = ctx.problem
+        targets, _ = super().step_targets(ctx, slots, reads, dst_slots)
+        writes = ~self.is_pad(p, slots) & ~self.is_pad(p, targets)
+        return targets.clamp(0, p.num_slots - 1), writes
+
+
+class OutsideIdsReadClamped(Mutant):
+    """Reads a row whose id lies outside the cache at that id clamped into the cache instead of from a zero state."""
+
+    RULE = "guarded/no-touch"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 9, 2))
+
+    def start_states(self, p, store, ids, reads):
+        outside = self.outside_cache(p, ids)
+        safe = torch.where(outside, ids.clamp(0, p.num_slots - 1), ids)
+        return super().start_states(p, store, safe, reads | outside)
+
+
+class IdsTruncatedToInt32(Mutant):
+    """Converts slot ids to int32 before using them, so an int64 id 2^32 + k outside the cache becomes slot k."""
+
+    RULE = "guarded/index-dtype"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 2**32 + 3, 2), index=torch.int64)
+
+    def step(self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots):
+        slots = slots.to(torch.int32)
+        dst_slots = None if dst_slots is None else dst_slots.to(torch.int32)
+        return super().step(ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+
+
+# speculative steps ------------------------------------------------------------------------------
+class SpeculativeStepWritesLastToken(Mutant):
+    """Also stores a speculative step's last token state as the current state, changing it before the commit."""
+
+    RULE = "spec/step-leaves-state"
+    SHOWN_BY = show(demos.speculative, commit=False)
+
+    def store_drafts(self, p, store, ids, writes, token, values):
+        super().store_drafts(p, store, ids, writes, token, values)
+        if token == p.tokens_per_step - 1:
+            self.store_states(p, store, ids, writes, values)
+
+
+class TokensBackToFront(Mutant):
+    """Applies a speculative step's tokens from the last to the first."""
+
+    RULE = "spec/token-order"
+    SHOWN_BY = show(demos.speculative)
+
+    def with_token_axis(self, p, tensors):
+        if p.multi_token:
+            tensors = [t if t is None or i == 5 else t.flip(1) for i, t in enumerate(tensors)]
+        return super().with_token_axis(p, tensors)
+
+
+class OutputsAtLastToken(Mutant):
+    """Writes every token's output at the last token's position of out (index -1 for the token index)."""
+
+    RULE = "spec/per-token-outputs"
+    SHOWN_BY = show(demos.speculative)
+
+    def emit_output(self, outs, token, y):
+        outs[:, -1] = y.to(outs.dtype)
+
+
+class StartsFromNewestDraft(Mutant):
+    """Starts a speculative step from the newest draft of the slot (the last step's last token) rather than from
+    its committed state."""
+
+    RULE = "spec/starts-from-committed"
+    SHOWN_BY = show(demos.speculative)
+
+    def start_states(self, p, store, ids, reads):
+        if store.drafts is None:
+            return super().start_states(p, store, ids, reads)
+        s = torch.zeros(ids.shape[0], p.nheads, p.headdim, p.dstate, dtype=torch.float32, device=ids.device)
+        idx = ids[reads].long()
+        newest = store.drafts[idx, -1]
+        s[reads] = self.dequantize_row(newest, store.draft_scale[idx, -1]) if p.quantized else newest.float()
+        return s
+
+
+# commits ----------------------------------------------------------------------------------------
+class CommitKeepsOneTooMany(Mutant):
+    """Keeps the state after num_accepted + 1 tokens (the last draft at most)."""
+
+    RULE = "commit/accepted-count"
+    SHOWN_BY = show(demos.speculative)
+
+    def choose_version(self, num_accepted, tokens):
+        return num_accepted.long().clamp(max=tokens - 1)
+
+
+class CommitKeepsEveryToken(Mutant):
+    """Keeps the state after all T tokens whatever num_accepted says."""
+
+    RULE = "commit/accepted-count"
+    SHOWN_BY = show(demos.speculative)
+
+    def choose_version(self, num_accepted, tokens):
+        return torch.full_like(num_accepted.long(), tokens - 1)
+
+
+class CommitTrustsCounts(Mutant):
+    """Moves every real slot whatever its count, so a count of 0 takes the last draft (index -1) and one above T
+    indexes past the drafts."""
+
+    RULE = "commit/count-guard"
+    SHOWN_BY = show(demos.speculative, accepted=(0, 1, 1, 3))
+
+    def commit_rows(self, ctx, slots, num_accepted):
+        p = ctx.problem
+        rows = torch.arange(slots.shape[0], device=slots.device)
+        self.record_fault(ctx, self.outside_cache(p, slots), rows, SLOTS_ARGUMENT, slots)
+        return self.names_slot(p, slots)
+
+
+class CountFaultNotRecorded(Mutant):
+    """Leaves a slot whose count lies outside 1..T as it was, but does not record the count."""
+
+    RULE = "commit/count-recorded"
+    SHOWN_BY = show(demos.speculative, accepted=(0, 1, 1, 3))
+
+    def commit_rows(self, ctx, slots, num_accepted):
+        p = ctx.problem
+        rows = torch.arange(slots.shape[0], device=slots.device)
+        self.record_fault(ctx, self.outside_cache(p, slots), rows, SLOTS_ARGUMENT, slots)
+        counted = (num_accepted >= 1) & (num_accepted <= p.tokens_per_step)
+        return self.names_slot(p, slots) & counted
+
+
+class CommitMovesPadRows(Mutant):
+    """Moves pad rows too, so a pad id of -1, used as a tensor index, commits the last slot's stale drafts."""
+
+    RULE = "commit/pad-rows"
+    SHOWN_BY = show(demos.speculative)
+
+    def commit_rows(self, ctx, slots, num_accepted):
+        moved = super().commit_rows(ctx, slots, num_accepted)
+        counted = (num_accepted >= 1) & (num_accepted <= ctx.problem.tokens_per_step)
+        return moved | (self.is_pad(ctx.problem, slots) & counted)
+
+
+# adopted caches ---------------------------------------------------------------------------------
+class AdoptsACopy(Mutant):
+    """Steps a private copy of an adopted cache, so the engine's tensors never change."""
+
+    RULE = "adopted/in-place"
+    SHOWN_BY = show(demos.step, adopt=True)
+
+    def adopt(self, ctx, cache, scales):
+        state = super().adopt(ctx, cache, scales)
+        state.views = tuple(
+            store._replace(
+                current=store.current.clone(),
+                current_scale=None if store.current_scale is None else store.current_scale.clone(),
+            )
+            for store in state.views
+        )
+        return state
+
+
+class AdoptedScalesCopied(Mutant):
+    """Stacks an adopted 8-bit cache's per-layer scales into one new tensor, so steps write that copy and the
+    engine's scales go stale."""
+
+    RULE = "adopted/in-place"
+    SHOWN_BY = show(demos.step, adopt=True, problem_fields=dict(state_dtype="int8"))
+
+    def adopt(self, ctx, cache, scales):
+        copied = tuple(torch.stack(list(scales))) if scales else scales
+        state = super().adopt(ctx, cache, copied)
+        state.scales = tuple(scales)
+        return state
+
+
+class IgnoresSlotStride(Mutant):
+    """Treats an adopted cache (and its scales) as dense slot blocks, ignoring the slot stride of the view."""
+
+    RULE = "adopted/slot-stride"
+    SHOWN_BY = show(demos.step, adopt=True)
+
+    def adopt(self, ctx, cache, scales):
+        def dense(t):
+            return torch.as_strided(t, t.shape, _dense_strides(t.shape), t.storage_offset())
+
+        state = super().adopt(ctx, tuple(dense(c) for c in cache), tuple(dense(s) for s in scales))
+        state.cache, state.scales = tuple(cache), tuple(scales)
+        return state
+
+
+# read_state and write_state ---------------------------------------------------------------------
+class WriteStateTruncatesBf16(Mutant):
+    """Rounds the values write_state installs in a bf16 cache toward zero instead of to nearest."""
+
+    RULE = "state-io/write-rounding"
+    SHOWN_BY = show(demos.roundtrip, problem_fields=dict(state_dtype="bf16"))
+
+    def write_state(self, ctx, state, slots, values, layer):
+        if ctx.problem.state_dtype == "bf16":
+            bits = values.float().contiguous().view(torch.int32) & -65536
+            values = bits.view(torch.float32)
+        super().write_state(ctx, state, slots, values, layer)
+
+
+class ReadStateNotDequantised(Mutant):
+    """Returns an 8-bit cache's raw values from read_state, without their row scales."""
+
+    RULE = "state-io/read-dequantised"
+    SHOWN_BY = show(demos.roundtrip, problem_fields=dict(state_dtype="int8"))
+
+    def read_state(self, ctx, state, slots, layer):
+        if not ctx.problem.quantized:
+            return super().read_state(ctx, state, slots, layer)
+        return self.store_of(state, layer).current[slots.long()].float()
+
+
+class ReadStateInSlotOrder(Mutant):
+    """Returns read_state's rows in ascending slot order rather than in the order the slots were asked for."""
+
+    RULE = "state-io/read-slots"
+    SHOWN_BY = show(demos.roundtrip, slots=(4, 1))
+
+    def read_state(self, ctx, state, slots, layer):
+        return super().read_state(ctx, state, slots.sort().values, layer)
+
+
+class WriteStateIntoNewestDraft(Mutant):
+    """In a speculative state, installs write_state's values as the newest draft instead of the current state."""
+
+    RULE = "state-io/write-current"
+    SHOWN_BY = show(demos.roundtrip, problem_fields=dict(speculative=True, tokens_per_step=2))
+
+    def write_state(self, ctx, state, slots, values, layer):
+        p = ctx.problem
+        store = self.store_of(state, layer)
+        if store.drafts is None:
+            return super().write_state(ctx, state, slots, values, layer)
+        self.write_draft(p, store, slots.long(), p.tokens_per_step - 1, values.float())
+
+
+# warmup -----------------------------------------------------------------------------------------
+class WarmupStepsFirstSlot(Mutant):
+    """Warms up by running one step on slot 0 of the state it is given (the first real slot), which moves that
+    slot's state."""
+
+    RULE = "warmup/state-intact"
+    SHOWN_BY = staticmethod(demos.warmup)
+
+    def warmup(self, ctx, state, step):
+        p = ctx.problem
+        lead = (1, p.tokens_per_step) if p.multi_token else (1,)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[p.input_dtype]
+        x = torch.zeros(*lead, p.nheads, p.headdim, dtype=dtype)
+        dt = torch.zeros(*lead, p.nheads, dtype=dtype)
+        BC = torch.zeros(*lead, p.ngroups, p.dstate, dtype=dtype)
+        first = 1 if p.pad_slot_id == 0 else 0
+        step(state, x, dt, -torch.ones(p.nheads), BC, BC, torch.tensor([first]), dt_softplus=True)
+
+
+class WarmupRestoresThroughBf16(Mutant):
+    """Saves every layer's states in bf16 before its trial work and copies them back, so fp32 and fp16 states come
+    back rounded."""
+
+    RULE = "warmup/state-intact"
+    SHOWN_BY = staticmethod(demos.warmup)
+
+    def warmup(self, ctx, state, step):
+        for layer in range(state.num_layers):
+            current = self.store_of(state, layer).current
+            current.copy_(current.to(torch.bfloat16))
+
+
+# quantised states -------------------------------------------------------------------------------
+class ScalePerHead(Mutant):
+    """Gives every row of a head the head's largest magnitude over QMAX as its scale instead of the row's own."""
+
+    RULE = "quantised/row-scale"
+    SHOWN_BY = show(demos.step, problem_fields=dict(state_dtype="int8"))
+
+    def row_scale(self, values, qmax):
+        head = values.abs().amax(dim=(-2, -1), keepdim=True)[..., 0] / qmax
+        return head.expand(values.shape[:-1])
+
+
+class ScaleNeverShrinks(Mutant):
+    """Keeps a slot's old row scale when the new row is smaller, so a decaying row loses resolution."""
+
+    RULE = "quantised/fresh-scale"
+    SHOWN_BY = show(demos.step, problem_fields=dict(state_dtype="int8"), dt=0.5)
+
+    def write_slot_state(self, p, store, idx, values):
+        if not p.quantized:
+            return super().write_slot_state(p, store, idx, values)
+        values = values.float()
+        qmax = QMAX[p.state_dtype]
+        scale = torch.maximum(self.row_scale(values, qmax), store.current_scale[idx])
+        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+        store.current[idx] = self.to_grid(values / divisor[..., None], p.state_dtype, qmax)
+        store.current_scale[idx] = scale
+
+
+class Int8RoundsTowardZero(Mutant):
+    """Truncates an int8 state's values toward zero instead of rounding them to nearest."""
+
+    RULE = "quantised/round-nearest"
+    SHOWN_BY = show(demos.roundtrip, problem_fields=dict(state_dtype="int8"))
+
+    def to_grid(self, ratio, state_dtype, qmax):
+        if state_dtype == "int8":
+            return torch.trunc(ratio).clamp(-qmax, qmax).to(torch.int8)
+        return super().to_grid(ratio, state_dtype, qmax)
+
+
+class ScaleStoredAsRowMaximum(Mutant):
+    """Stores a row's largest magnitude as its scale instead of that magnitude over QMAX (the 8-bit values right)."""
+
+    RULE = "quantised/scale-format"
+    SHOWN_BY = show(demos.roundtrip, problem_fields=dict(state_dtype="int8"))
+
+    def quantize_row(self, values, state_dtype):
+        q, scale = super().quantize_row(values, state_dtype)
+        return q, scale * QMAX[state_dtype]
+
+
+class Fp8ClampedToInt8Range(Mutant):
+    """Clamps fp8_e4m3 values to +-127 (int8's bound) while scaling rows to 448, so a row's larger values saturate."""
+
+    RULE = "quantised/fp8-saturation"
+    SHOWN_BY = show(demos.roundtrip, problem_fields=dict(state_dtype="fp8_e4m3"))
+
+    def to_grid(self, ratio, state_dtype, qmax):
+        if state_dtype == "fp8_e4m3":
+            return ratio.clamp(-127.0, 127.0).to(torch.float8_e4m3fn)
+        return super().to_grid(ratio, state_dtype, qmax)
+
+
+class PadRowScalesWritten(Mutant):
+    """Writes the row scales of every row of a step, a row that stores nothing at its id clamped into the cache, so
+    the scales of slot 0 (or the last slot) change under that slot's values."""
+
+    RULE = "quantised/pad-untouched"
+    SHOWN_BY = show(demos.step, problem_fields=dict(state_dtype="int8"))
+
+    def store_states(self, p, store, ids, writes, values):
+        super().store_states(p, store, ids, writes, values)
+        if p.quantized and bool((~writes).any()):
+            idx = ids[~writes].long().clamp(0, p.num_slots - 1)
+            store.current_scale[idx] = self.row_scale(values[~writes].float(), QMAX[p.state_dtype])
+
+
+class DraftScalesNotWritten(Mutant):
+    """Writes a draft's 8-bit values but not its row scales, so a commit pairs them with stale scales."""
+
+    RULE = "quantised/scales-with-values"
+    SHOWN_BY = show(demos.speculative, problem_fields=dict(state_dtype="int8"))
+
+    def write_draft(self, p, store, idx, token, values):
+        if not p.quantized:
+            return super().write_draft(p, store, idx, token, values)
+        store.drafts[idx, token] = self.quantize_row(values, p.state_dtype)[0]
+
+
+# error budgets ----------------------------------------------------------------------------------
+class Fp32StateAtBf16Precision(Mutant):
+    """Rounds every state it writes to an fp32 cache through bf16."""
+
+    RULE = "budgets/state-precision"
+    SHOWN_BY = show(demos.step, problem_fields=dict(input_dtype="bf16"))
+
+    def round_to_cache(self, values, dtype):
+        if dtype == torch.float32:
+            values = values.to(torch.bfloat16)
+        return values.to(dtype)
+
+
+class StateInBf16BetweenTokens(Mutant):
+    """Holds the state in bf16 between tokens (bf16 registers), rounding it after every token."""
+
+    RULE = "budgets/chained-tokens"
+    SHOWN_BY = show(demos.speculative)
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        s, y = super().token_update(p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        return s.to(torch.bfloat16).float(), y
+
+
+class OutputFromStoredState(Mutant):
+    """Computes the output from the new state rounded to the cache dtype instead of from the fp32 state."""
+
+    RULE = "budgets/output-from-fp32"
+    SHOWN_BY = show(demos.step, problem_fields=dict(state_dtype="bf16"))
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        d = self.effective_dt(dt, dt_bias, dt_softplus)
+        xf = x.float()
+        s = self.decay(A, d)[:, :, None, None] * s + self.inflow(d, xf, self.per_head_rows(p, B))
+        if p.quantized:
+            stored = self.dequantize_row(*self.quantize_row(s, p.state_dtype))
+        else:
+            stored = self.round_to_cache(s, {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                              "fp16": torch.float16}[p.state_dtype]).float()  # fmt: skip
+        y = self.readout(stored, self.per_head_rows(p, C))
+        return s, self.gate(self.skip(y, D, xf), z)
+
+
+# vLLM's packed call -----------------------------------------------------------------------------
+class PackedStartsAtCountColumn(Mutant):
+    """Starts a packed sequence from column num_accepted of its slot table instead of num_accepted - 1."""
+
+    RULE = "engine/packed-start-column"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_start_column(self, ctx, num_accepted, sequences, width, valid):
+        column, counted = super().packed_start_column(ctx, num_accepted, sequences, width, valid)
+        if num_accepted is None:
+            return column, counted
+        return torch.where(counted, num_accepted.long().clamp(0, width - 1), column), counted
+
+
+class PackedIgnoresCounts(Mutant):
+    """Starts every packed sequence from column 0 of its slot table, ignoring num_accepted."""
+
+    RULE = "engine/packed-start-column"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_start_column(self, ctx, num_accepted, sequences, width, valid):
+        column, counted = super().packed_start_column(ctx, num_accepted, sequences, width, valid)
+        return torch.zeros_like(column), counted
+
+
+class PackedStoresLastTokenOnly(Mutant):
+    """Stores only a packed sequence's state after its last token, skipping the cells of the tokens before it."""
+
+    RULE = "engine/packed-per-token-dst"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_store(self, p, store, cells, keep, s, token, length):
+        super().packed_store(p, store, cells, keep & (length == token + 1), s, token, length)
+
+
+class PackedInclusiveOffsets(Mutant):
+    """Reads cu_seqlens[n + 1] as sequence n's last row rather than one past it, giving each sequence one token more."""
+
+    RULE = "engine/packed-offsets"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        if cu_seqlens is None:
+            return super().packed_sequences(ctx, cu_seqlens, tokens, width)
+        cu = cu_seqlens.long()
+        first, end = cu[:-1], cu[1:] + 1
+        length = end - first
+        valid = (first >= 0) & (length >= 0) & (length <= width) & (end <= tokens)
+        sequence = torch.arange(first.shape[0], device=cu.device)
+        self.record_engine_fault(ctx, ~valid, E_OFFSETS, sequence, torch.zeros_like(sequence), end)
+        return first, torch.where(valid, length, torch.zeros_like(length)), valid
+
+
+class PackedEmptySequenceTakesAToken(Mutant):
+    """Gives a packed sequence of zero tokens one token (the row at its offset), so it writes an output row and a
+    state it does not own."""
+
+    RULE = "engine/packed-zero-length"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        first, length, valid = super().packed_sequences(ctx, cu_seqlens, tokens, width)
+        return first, torch.where(valid, length.clamp(min=1), length), valid
+
+
+class PackedPaddedSequenceWrites(Mutant):
+    """Lets a packed sequence whose start cell is the pad id store its states (from a zero start) in its cells."""
+
+    RULE = "engine/packed-pad-start"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, "pad"]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        return super().packed_dst_cells(ctx, cells, live, torch.ones_like(real), sequence, token)
+
+
+class PackedPadCellWrapsToLastSlot(Mutant):
+    """Stores a packed token whose destination cell is a negative pad id at that id used as a tensor index, which
+    wraps to the cache's last slots."""
+
+    RULE = "engine/packed-pad-cell"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], [7, "pad", 9], [10, 11, 12]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        keep = super().packed_dst_cells(ctx, cells, live, real, sequence, token)
+        return keep | (live & real & self.is_pad(ctx.problem, cells))
+
+
+class PackedDstFaultNotRecorded(Mutant):
+    """Skips a packed token's destination cell outside the cache without recording it."""
+
+    RULE = "engine/packed-guards"
+    SHOWN_BY = show(demos.packed, table=[[30, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        return live & real & self.names_slot(ctx.problem, cells)
+
+
+class PackedStartFaultNotRecorded(Mutant):
+    """Serves a packed sequence whose start cell lies outside the cache as padded without recording it."""
+
+    RULE = "engine/packed-guards"
+    SHOWN_BY = show(demos.packed, table=[[1, 40, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+
+    def packed_start(self, ctx, table, column, has_tokens, sequence):
+        start = table.gather(1, column[:, None])[:, 0]
+        return start, has_tokens & self.names_slot(ctx.problem, start)
+
+
+class PackedCountClamped(Mutant):
+    """Clamps a packed sequence's count into 0..W instead of padding that sequence and recording the count."""
+
+    RULE = "engine/packed-guards"
+    SHOWN_BY = show(demos.packed, accepted=(5, 1, 0, 3))
+
+    def packed_start_column(self, ctx, num_accepted, sequences, width, valid):
+        if num_accepted is None:
+            return super().packed_start_column(ctx, num_accepted, sequences, width, valid)
+        count = num_accepted.long().clamp(0, width)
+        return (count - 1).clamp(min=0), torch.ones_like(valid)
+
+
+class PackedDstFaultUnderStartCode(Mutant):
+    """Records a packed destination cell outside the cache with the slot table's code (0), not the destination
+    table's (1)."""
+
+    RULE = "engine/fault-key"
+    SHOWN_BY = show(demos.packed, table=[[30, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        p = ctx.problem
+        writing = live & real
+        tokens = torch.full_like(sequence, token)
+        self.record_engine_fault(ctx, writing & self.outside_cache(p, cells), E_SLOT_TABLE, sequence, tokens, cells)
+        return writing & self.names_slot(p, cells)
+
+
+class PackedFaultTokenZero(Mutant):
+    """Records a packed destination cell outside the cache with token field 0, whatever its column."""
+
+    RULE = "engine/fault-key"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], [7, 40, 9], [10, 11, 12]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        p = ctx.problem
+        writing = live & real
+        zero = torch.zeros_like(sequence)
+        self.record_engine_fault(ctx, writing & self.outside_cache(p, cells), E_DST_TABLE, sequence, zero, cells)
+        return writing & self.names_slot(p, cells)
+
+
+# SGLang's verify call ---------------------------------------------------------------------------
+class VerifyIgnoresBufferRows(Mutant):
+    """Stores a verify row's intermediate states at the buffer row of its slot, ignoring buffer_rows."""
+
+    RULE = "engine/verify-buffer-rows"
+    SHOWN_BY = show(demos.verify, buffer_rows=(2, 0, 1, 3))
+
+    def verify_buffer_rows(self, ctx, slots, real, buffer, buffer_rows):
+        return super().verify_buffer_rows(ctx, slots, real, buffer, None)
+
+
+class VerifyStoresOneStepLate(Mutant):
+    """Stores the state after token t at buffer step t + 1."""
+
+    RULE = "engine/verify-step-index"
+    SHOWN_BY = show(demos.verify)
+
+    def store_intermediate(self, buffer, rows, stores, token, s):
+        super().store_intermediate(buffer, rows, stores, token + 1, s)
+
+
+class VerifyIgnoresParents(Mutant):
+    """Continues every token from the one before it, ignoring parents."""
+
+    RULE = "engine/verify-parents"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 0]] * 4)
+
+    def continue_from(self, s, buffer, rows, parent):
+        return s
+
+
+class VerifyParentsOneBased(Mutant):
+    """Reads parents as 1-based: parent k reloads buffer step k - 1, and parent 0 is not followed."""
+
+    RULE = "engine/verify-parents"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 1]] * 4)
+
+    def continue_from(self, s, buffer, rows, parent):
+        return super().continue_from(s, buffer, rows, torch.where(parent >= 0, parent - 1, parent))
+
+
+class VerifyWritesCacheWithoutUpdate(Mutant):
+    """Writes each row's final state to its slot even when update_state is False."""
+
+    RULE = "engine/verify-update-state"
+    SHOWN_BY = show(demos.verify, update_state=False)
+
+    def verify_final(self, p, store, slots, real, s, update_state, buffer, rows, stores, tokens):
+        super().verify_final(p, store, slots, real, s, True, buffer, rows, stores, tokens)
+
+
+class VerifyFinalThroughBuffer(Mutant):
+    """Writes a row's final state to its slot as the buffer holds it (rounded to the buffer's dtype) instead of
+    from the fp32 state."""
+
+    RULE = "engine/verify-update-state"
+    SHOWN_BY = show(demos.verify, buffer="bf16")
+
+    def verify_final(self, p, store, slots, real, s, update_state, buffer, rows, stores, tokens):
+        if update_state and buffer is not None and bool(stores.any()):
+            s = s.clone()
+            s[stores] = buffer[rows[stores], tokens - 1].float()
+        super().verify_final(p, store, slots, real, s, update_state, buffer, rows, stores, tokens)
+
+
+class VerifyPadRowsStore(Mutant):
+    """Stores a pad row's intermediate states in the buffer, at its pad id used as a row index."""
+
+    RULE = "engine/verify-pad-rows"
+    SHOWN_BY = show(demos.verify)
+
+    def verify_buffer_rows(self, ctx, slots, real, buffer, buffer_rows):
+        rows, stores = super().verify_buffer_rows(ctx, slots, real, buffer, buffer_rows)
+        if buffer is None:
+            return rows, stores
+        return rows, stores | self.is_pad(ctx.problem, slots)
+
+
+class VerifySlotFaultNotRecorded(Mutant):
+    """Serves a verify row whose slot lies outside the cache as a pad row without recording it."""
+
+    RULE = "engine/verify-guards"
+    SHOWN_BY = show(demos.verify, slots=(3, 0, 20, 5))
+
+    def verify_rows(self, ctx, slots):
+        return self.names_slot(ctx.problem, slots)
+
+
+class VerifyBufferRowFaultNotRecorded(Mutant):
+    """Skips the buffer stores of a row whose buffer row lies outside the buffer without recording it."""
+
+    RULE = "engine/verify-guards"
+    SHOWN_BY = show(demos.verify, buffer_rows=(2, 0, 1, 9))
+
+    def verify_buffer_rows(self, ctx, slots, real, buffer, buffer_rows):
+        if buffer is None:
+            return super().verify_buffer_rows(ctx, slots, real, buffer, buffer_rows)
+        rows = (slots if buffer_rows is None else buffer_rows).long()
+        return rows, real & (rows >= 0) & (rows < buffer.shape[0])
+
+
+# bookkeeping ------------------------------------------------------------------------------------
+class DraftsOnKernel(Mutant):
+    """Allocates the speculative drafts once per kernel (in ctx.memo) and shares them between every state of it."""
+
+    RULE = "bookkeeping/per-state"
+    SHOWN_BY = staticmethod(demos.two_states)
+
+    def draft_buffers(self, ctx, num_layers):
+        key = ("drafts", num_layers)
+        if key not in ctx.memo:
+            ctx.memo[key] = super().draft_buffers(ctx, num_layers)
+        return ctx.memo[key]
+
+
+class GroupMapOnBackend(Mutant):
+    """Memoises the head-to-group map on the backend object by the number of heads alone, so a later kernel with
+    the same H and another G uses an earlier kernel's map."""
+
+    RULE = "bookkeeping/per-kernel"
+    SHOWN_BY = staticmethod(demos.two_kernels)
+
+    def group_of_head(self, p, device):
+        maps = self.__dict__.setdefault("_group_maps", {})
+        if p.nheads not in maps:
+            maps[p.nheads] = super().group_of_head(p, device)
+        return maps[p.nheads]
+
+
+# tiles ------------------------------------------------------------------------------------------
+class BatchTailDropped(Mutant):
+    """Serves the batch in one tile of the largest power of two not above it, dropping the rows past it."""
+
+    RULE = "tiles/batch-tail"
+    SHOWN_BY = show(demos.step, slots=(4, 1, 2))
+
+    def step(self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots):
+        out = self.output_for(x, out)
+        tile = 1 << (slots.shape[0].bit_length() - 1)
+
+        def head(t):
+            return None if t is None else t[:tile]
+
+        super().step(ctx, state, x[:tile], dt[:tile], A, B[:tile], C[:tile], slots[:tile], D, head(z), dt_bias,
+                     dt_softplus, out[:tile], layer, head(dst_slots))  # fmt: skip
+        return out
+
+
+class HeadsPastLastFullTileDropped(Mutant):
+    """Covers the heads with tiles of 16 and drops a partial tile after a full one: with H > 16 not a multiple of 16
+    the last H mod 16 heads keep their state and output 0."""
+
+    RULE = "tiles/heads-tail"
+    SHOWN_BY = show(demos.step, problem_fields=dict(nheads=24, ngroups=2))
+
+    def token_update(self, p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+        new, y = super().token_update(p, s, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        covered = max(p.nheads // 16, 1) * 16
+        if covered < p.nheads:
+            new, y = new.clone(), y.clone()
+            new[:, covered:] = s[:, covered:]
+            y[:, covered:] = 0.0
+        return new, y
+
+
+class DstateTailChunkDropped(Mutant):
+    """Sums the readout over N in chunks of 16 and drops a partial chunk after a full one (N = 17 loses column 16)."""
+
+    RULE = "tiles/dstate-tail"
+    SHOWN_BY = show(demos.step, problem_fields=dict(dstate=17))
+
+    def readout(self, s, Ch):
+        covered = max(s.shape[-1] // 16, 1) * 16
+        return super().readout(s[..., :covered], Ch[..., :covered])
+
+
+class HeaddimTailTileMisplaced(Mutant):
+    """Reads x for the rows of P past 64 from the start of the head (the tail tile's offset left out), so with
+    P = 80 rows 64..79 take the values of rows 0..15."""
+
+    RULE = "tiles/headdim-tail"
+    SHOWN_BY = show(demos.step, problem_fields=dict(headdim=80))
+
+    def with_token_axis(self, p, tensors):
+        x = tensors[0]
+        if x.shape[-1] > 64:
+            x = x.clone()
+            x[..., 64:] = x[..., : x.shape[-1] - 64].clone()
+        return super().with_token_axis(p, [x, *tensors[1:]])
+
+
+#: every mutant, in the order above
+MUTANTS = [
+    cls for cls in list(globals().values()) if isinstance(cls, type) and issubclass(cls, Mutant) and cls is not Mutant
+]
