@@ -11,6 +11,7 @@
 # (int8 and bf16 states, the four GPU backends, one run), tests-engine-calls (both forms on the triton and
 # flashinfer backends), bench-packed (vLLM's packed call, T = 4, triton and flashinfer, one run),
 # bench-verify (SGLang's verify call, T = 4, one run).
+# Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
@@ -37,14 +38,14 @@ for stage in "$@"; do
       tests/test_state_safety.py tests/test_validation.py tests/test_engine_state.py 2>&1 \
       | tee "$OUT/gpu-tests-hf.log" | tail -25 ;;
     tests-replay) timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -s backends/triton_ssu/tests/test_replay_gpu.py \
-      2>&1 | grep -v '^\[ssu' | tee "$OUT/gpu-tests-replay.log" | tail -40 ;;
+      2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/gpu-tests-replay.log" | tail -40 ;;
     verify-replay) timeout 560 python3 -m ssu verify --backend triton-replay --device cuda --profile quick 2>&1 \
-      | grep -v '^\[ssu' | tee "$OUT/verify-replay.log" | tail -40 ;;
+      | grep --line-buffered -v '^\[ssu' | tee "$OUT/verify-replay.log" | tail -40 ;;
     bench-replay) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,256,512,1024}" \
-      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay" 2>&1 | grep -v '^\[ssu' \
+      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-replay.log" | tail -70 ;;
     bench-replay-t4) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches 1,8,32,128,512 \
-      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay-t4" 2>&1 | grep -v '^\[ssu' \
+      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay-t4" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-replay-t4.log" | tail -40 ;;
     probe) timeout 300 python3 benchmarks/replay_probe.py --state-dtype fp32,bf16 --batches 1024 \
       --plans 8:1:8:4,8:1:8:4:4,8:1:8:4:16 --regimes ring,mixed,flush 2>&1 | tee "$OUT/probe.log" ;;
@@ -59,19 +60,19 @@ for stage in "$@"; do
     probe-t4) timeout 300 python3 benchmarks/replay_probe.py --tokens 4 --state-dtype fp32 --batches 32,128 \
       --plans 8:1:8:4,8:1:8:4:4,16:1:4:4 --regimes ring,mixed,write 2>&1 | tee "$OUT/probe-t4.log" ;;
     verify-triton) timeout 420 python3 -m ssu verify --backend triton --device cuda --profile default 2>&1 \
-      | grep -v '^\[ssu' | tee "$OUT/verify-triton.log" | tail -40 ;;
+      | grep --line-buffered -v '^\[ssu' | tee "$OUT/verify-triton.log" | tail -40 ;;
     verify-flashinfer) timeout 400 python3 -m ssu verify --backend flashinfer --device cuda --profile smoke 2>&1 \
-      | grep -v '^\[ssu' | tee "$OUT/verify-flashinfer.log" | tail -40 ;;
+      | grep --line-buffered -v '^\[ssu' | tee "$OUT/verify-flashinfer.log" | tail -40 ;;
     overhead) python3 benchmarks/dispatch_overhead.py --calls 20000 --device cuda 2>&1 | tee "$OUT/overhead.log" ;;
     bench) timeout 500 python3 -m ssu bench --state-dtype fp32,bf16 --batches 1,8,32,128,256,512,1024 \
-      --backends triton,flashinfer,flashinfer-replayssm --adopt --out "$OUT/bench" 2>&1 | grep -v '^\[ssu' \
+      --backends triton,flashinfer,flashinfer-replayssm --adopt --out "$OUT/bench" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench.log" | tail -70 ;;
     bench-t4) timeout 400 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches 1,8,32,128,512 \
-      --backends triton,flashinfer --out "$OUT/bench-t4" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-t4.log" | tail -30 ;;
+      --backends triton,flashinfer --out "$OUT/bench-t4" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-t4.log" | tail -30 ;;
     hf) timeout 400 python3 benchmarks/hf_decode.py --arch nemotron_h --preset nemotron-h-8b --layers 4 --dtype bf16 \
-      --batches 1,8,32,128 --backend triton --compile 2>&1 | grep -v 'falling back' | tee "$OUT/hf.log" ;;
+      --batches 1,8,32,128 --backend triton --compile 2>&1 | grep --line-buffered -v 'falling back' | tee "$OUT/hf.log" ;;
     bench-all) timeout 580 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,512,1024}" \
-      --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-all" 2>&1 | grep -v '^\[ssu' \
+      --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-all" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-all.log" | tail -70 ;;
     tests-lanes) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py \
       tests/test_transformers_gpu.py -k "lane or direct or dropin or (generation and triton)" 2>&1 \
@@ -79,27 +80,27 @@ for stage in "$@"; do
     hf-in-situ) { timeout 200 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
         --layers 4 --dtype fp32 --device cuda --backend triton --rounds 3
       timeout 150 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \
-        --backend triton; } 2>&1 | grep -v 'falling back' | tee "$OUT/hf-in-situ.log" ;;
+        --backend triton; } 2>&1 | grep --line-buffered -v 'falling back' | tee "$OUT/hf-in-situ.log" ;;
     hf-overhead) { timeout 120 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
         --layers 4 --dtype fp32 --device cuda --backend triton --triton-dispatch 2>&1 | sed -n '/^hf_ssu/,/device time/p'
       timeout 240 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
         --layers 4 --dtype fp32 --device cuda --backend triton
       timeout 200 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \
-        --backend triton; } 2>&1 | grep -v 'falling back' | tee "$OUT/hf-overhead.log" ;;
+        --backend triton; } 2>&1 | grep --line-buffered -v 'falling back' | tee "$OUT/hf-overhead.log" ;;
     bench-8bit-all) timeout 580 python3 -m ssu bench --state-dtype bf16,int8 --batches "${BENCH_BATCHES:-1,8,128,512,1024}" \
       --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-8bit-all" 2>&1 \
-      | grep -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
+      | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
     bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
-      --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
+      --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
     tests-engine-calls) timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider \
       backends/triton_ssu/tests/test_engine_calls_triton.py backends/flashinfer_ssu/tests/test_flashinfer_gpu.py \
-      -k "engine" 2>&1 | grep -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
+      -k "engine" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
     bench-packed) timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" --backends triton,flashinfer --out "$OUT/bench-packed" 2>&1 \
-      | grep -v '^\[ssu' | tee "$OUT/bench-packed.log" | tail -40 ;;
+      | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-packed.log" | tail -40 ;;
     bench-verify) timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer --out "$OUT/bench-verify" 2>&1 \
-      | grep -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
+      | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -90,7 +90,11 @@ def test_run_config_errors_exit_2(capsys):
 def test_verify_selected_checks(capsys):
     assert main(["verify", "--backend", "reference", "--check", "roundtrip", "--check", "step", "--examples", "2"]) == 0
     out = capsys.readouterr().out
-    assert "2 passed, 0 failed, 0 skipped" in out and "ran 7 cases (0 at real shapes, 5 corners)" in out and "FAIL" not in out
+    assert (
+        "2 passed, 0 failed, 0 skipped" in out
+        and "ran 7 cases (0 at real shapes, 5 corners)" in out
+        and "FAIL" not in out
+    )
 
 
 def test_verify_usage_errors(capsys):
