@@ -49,7 +49,7 @@ def _pytest(*args, env=None, cwd):
         text=True,
         cwd=cwd,
         env=env or os.environ.copy(),
-        timeout=900,
+        timeout=1500,
     )
 
 

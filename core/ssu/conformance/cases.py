@@ -49,8 +49,9 @@ class Profile:
     draws (real shapes aside); ``real_shapes``: how many of :data:`REAL_SHAPES` run as explicit
     examples of the checks that take them; ``decode_steps``: the length of the decode check
     (``real_decode_steps`` at a real shape); ``max_tokens``: a cap on T below the backend's
-    declared maximum (None: T is drawn up to the declared maximum); ``corners``: whether the
-    :func:`corner_cases` run after the drawn ones."""
+    declared maximum (None: T is drawn up to the declared maximum); ``max_slots``, ``max_heads``:
+    the largest cache and head count drawn (batches are at most the cache); ``corners``:
+    whether the :func:`corner_cases` run after the drawn ones."""
 
     name: str
     examples: int
@@ -59,12 +60,14 @@ class Profile:
     decode_steps: int
     real_decode_steps: int
     max_tokens: Optional[int] = None
+    max_slots: int = 40
+    max_heads: int = 48
     corners: bool = True
 
 
 PROFILES = {
     # smoke: for devices where a step is slow (Triton's interpreter on the CPU); T capped at 4,
-    # so it is no claim of conformance over the backend's whole declared range
+    # caches at 10 slots and heads at 8, so it is no claim of conformance over the backend's whole declared range
     "smoke": Profile(
         "smoke",
         examples=3,
@@ -73,6 +76,8 @@ PROFILES = {
         decode_steps=6,
         real_decode_steps=0,
         max_tokens=4,
+        max_slots=10,
+        max_heads=8,
         corners=False,
     ),
     "quick": Profile("quick", examples=6, max_state=4096, real_shapes=0, decode_steps=12, real_decode_steps=0),
@@ -153,7 +158,7 @@ def cases(capabilities, device: str, profile: Profile, *, speculative: Optional[
         N = draw(st.sampled_from(_allowed(caps.dstates, DSTATES)))
         P = draw(st.sampled_from(_allowed(caps.headdims, HEADDIMS)))
         heads = _allowed(caps.nheads, NHEADS)
-        fitting = [h for h in heads if h * P * N <= profile.max_state] or heads[:1]
+        fitting = [h for h in heads if h * P * N <= profile.max_state and h <= profile.max_heads] or heads[:1]
         H = draw(st.sampled_from(fitting))
         groups = [g for g in range(1, min(H, 8) + 1) if H % g == 0]
         if caps.ngroups is not None:
@@ -161,7 +166,7 @@ def cases(capabilities, device: str, profile: Profile, *, speculative: Optional[
         G = draw(st.sampled_from(groups))
         T = draw(st.integers(1, max_tokens))
         spec = (T > 1 or (caps.speculative and draw(st.booleans()))) if speculative is None else speculative
-        num_slots = draw(st.integers(2, 40))
+        num_slots = draw(st.integers(2, profile.max_slots))
         pad = draw(st.sampled_from(_pad_ids(caps, num_slots)))
         state_dtype = draw(st.sampled_from(sorted(caps.state_dtypes, key=_dtype_order)))
         input_dtype = draw(st.sampled_from(sorted(caps.input_dtypes, key=_dtype_order)))
