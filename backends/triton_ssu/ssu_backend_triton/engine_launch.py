@@ -4,8 +4,7 @@ kernel of :mod:`~ssu_backend_triton.engine_kernel` per call, with no allocation 
 given and no host synchronisation: CUDA-graph capturable.
 
 The launch shape (rows of P per program and warps) is :func:`default_shape`'s per problem, or what
-warmup timed fastest per batch bucket (:mod:`~ssu_backend_triton.engine_tuning`), or what the
-options pin (``block_p``, ``num_warps``).
+the options pin (``block_p``, ``num_warps``).
 """
 
 from __future__ import annotations
@@ -28,10 +27,11 @@ class Shape(NamedTuple):
 
 
 def default_shape(problem) -> Shape:
-    """A tile of about 4 KiB of the state dtype (at least one row, at most all of P), 4 warps."""
-    size = {"fp32": 4, "bf16": 2, "fp16": 2}.get(problem.state_dtype, 1)
-    rows = max(1, 4096 // (size * next_power_of_2(problem.dstate)))
-    return Shape(min(next_power_of_2(rows), next_power_of_2(problem.headdim)), 4)
+    """A single-warp program per tile of about 2048 values (at least one row, at most all of P):
+    the fastest of the shapes timed for vLLM's packed call on an H100 at T = 4, batches 32 to 512,
+    fp32 and bf16 states (docs/benchmarks.md, "Engine call forms")."""
+    rows = max(1, 2048 // next_power_of_2(problem.dstate))
+    return Shape(min(next_power_of_2(rows), next_power_of_2(problem.headdim)), 1)
 
 
 class _Layer(NamedTuple):
