@@ -422,7 +422,10 @@ def test_8_bit_checkpoints_with_row_scales(state, T, window, fold, adopt, gen):
     ("options", "checks"),
     [
         (dict(max_window=1), ("step",)),
-        pytest.param(dict(max_window=3), ("step", "destinations", "adopted", "decode"), marks=pytest.mark.slow),
+        # no decode here: the kit's batches stay below 16, where this plan writes through, and the
+        # 8-bit decodes that write through (one-token and speculative) are compared value by value in
+        # test_8_bit_checkpoints_with_row_scales; the fold-kernel case runs the kit's decode with a window
+        pytest.param(dict(max_window=3), ("step", "destinations", "adopted"), marks=pytest.mark.slow),
         pytest.param(
             dict(max_window=3, window=3, fold_heads=1), ("step", "decode"), marks=pytest.mark.slow, id="fold-kernel"
         ),
