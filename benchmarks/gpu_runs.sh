@@ -106,7 +106,7 @@ for stage in "$@"; do
           --batches "${BENCH_BATCHES:-32,128,512}" --backends triton 2>&1 | grep --line-buffered -E '^triton +(fp32|bf16)'
       done 2>&1 | tee "$OUT/probe-packed.log" ;;
     bench-verify) timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
-      --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer --out "$OUT/bench-verify" 2>&1 \
+      --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-verify" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac

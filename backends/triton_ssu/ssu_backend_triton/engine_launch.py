@@ -27,11 +27,11 @@ class Shape(NamedTuple):
 
 
 def default_shape(problem) -> Shape:
-    """A single-warp program per tile of about 2048 values (at least one row, at most all of P):
+    """A program of two warps per tile of about 2048 values (at least one row, at most all of P):
     the fastest of the shapes timed for vLLM's packed call on an H100 at T = 4, batches 32 to 512,
     fp32 and bf16 states (docs/benchmarks.md, "Engine call forms")."""
     rows = max(1, 2048 // next_power_of_2(problem.dstate))
-    return Shape(min(next_power_of_2(rows), next_power_of_2(problem.headdim)), 1)
+    return Shape(min(next_power_of_2(rows), next_power_of_2(problem.headdim)), 2)
 
 
 class _Layer(NamedTuple):
