@@ -118,7 +118,8 @@ def slot_rows(buffers: dict, num_slots: int) -> dict:
 def engine_cache(problem, layers: int, gen, slot_stride: int = 2):
     """An engine's cache as a serving engine holds it: per layer a (num_slots, H, P, N) view into
     pages of ``slot_stride`` slot blocks (the rest of each page the engine's own data), random
-    (for a quantised state, random 8-bit rows: :func:`engine_scales` gives their scales).
+    (for a quantised state, random 8-bit rows: :func:`engine_scales` gives their scales), drawn
+    on ``gen``'s device (a benchmark's cache of gigabytes draws on its GPU, not the host).
     Returns (the per-layer views, the pages)."""
     import torch
 
@@ -128,7 +129,7 @@ def engine_cache(problem, layers: int, gen, slot_stride: int = 2):
     p = problem
     pages = []
     for _ in range(layers):
-        values = torch.randn(p.num_slots, slot_stride, p.nheads, p.headdim, p.dstate, generator=gen)
+        values = torch.randn(p.num_slots, slot_stride, p.nheads, p.headdim, p.dstate, generator=gen, device=gen.device)
         values = quantize(values, p.state_dtype)[0] if p.quantized else values.to(to_torch(p.state_dtype))
         pages.append(values.to(p.device))
     return [page[:, 0] for page in pages], pages
@@ -136,15 +137,18 @@ def engine_cache(problem, layers: int, gen, slot_stride: int = 2):
 
 def engine_scales(problem, layers: int, gen, slot_stride: int = 2):
     """The fp32 row scales an engine keeps beside a quantised cache (:func:`engine_cache`), laid
-    out the same way: per layer a (num_slots, H, P) view into pages, random and positive. Returns
-    (the per-layer views, the pages), both empty for a floating-point state."""
+    out the same way: per layer a (num_slots, H, P) view into pages, random and positive, drawn on
+    ``gen``'s device. Returns (the per-layer views, the pages), both empty for a floating-point
+    state."""
     import torch
 
     p = problem
     if not p.quantized:
         return [], []
     pages = [
-        (torch.rand(p.num_slots, slot_stride, p.nheads, p.headdim, generator=gen) * 0.02 + 0.005).to(p.device)
+        (torch.rand(p.num_slots, slot_stride, p.nheads, p.headdim, generator=gen, device=gen.device) * 0.02 + 0.005).to(
+            p.device
+        )
         for _ in range(layers)
     ]
     return [page[:, 0] for page in pages], pages

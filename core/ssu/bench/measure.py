@@ -177,8 +177,9 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
     if case.adopt:
         from ..harness import engine_cache, engine_scales
 
-        caches, _ = engine_cache(problem, 1, gen)
-        scales, _ = engine_scales(problem, 1, gen)
+        cache_gen = cache_generator(device)
+        caches, _ = engine_cache(problem, 1, cache_gen)
+        scales, _ = engine_scales(problem, 1, cache_gen)
         state = kernel.adopt_state(caches, scales=scales or None)
     else:
         state = kernel.allocate_state(num_layers=1)
@@ -246,8 +247,9 @@ def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Op
     if timer is None:
         timer = graph_time_us if timing == "graph" else event_time_us
     gen = torch.Generator().manual_seed(0)
-    caches, _ = engine_cache(problem, 1, gen, slot_stride=1)
-    scales, _ = engine_scales(problem, 1, gen, slot_stride=1)
+    cache_gen = cache_generator(device)
+    caches, _ = engine_cache(problem, 1, cache_gen, slot_stride=1)
+    scales, _ = engine_scales(problem, 1, cache_gen, slot_stride=1)
     state = kernel.adopt_state(caches, scales=scales or None)
     kernel.warmup(state)
     weights = layer_weights(problem, gen)
@@ -278,6 +280,14 @@ def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Op
         "inputs and outputs": io,
     }
     return Row(case, us, None, timing, tuple(traffic.items()))
+
+
+def cache_generator(device: str):
+    """A seeded generator on ``device`` for an adopted cache's random values: at a large batch the
+    cache holds gigabytes, which the GPU draws in milliseconds and the host in tens of seconds."""
+    import torch
+
+    return torch.Generator(device=device).manual_seed(1)
 
 
 def wall_time_us(launches, *, min_launches: int = 1, repeats: int = 5) -> float:
