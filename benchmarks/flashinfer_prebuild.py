@@ -4,8 +4,10 @@ follow find them in FlashInfer's JIT cache.
 
     python benchmarks/flashinfer_prebuild.py "fp32,bf16,128,64,1,int32" "replayssm:bf16,4,15" ...
 
-An SSU spec is state dtype, input dtype, dstate, headdim, tokens, index dtype[, sr]; a ReplaySSM
-spec is ``replayssm:`` state dtype, tokens, max_window (H=128 P=64 N=128 G=8, bf16 input, int32).
+An SSU spec is state dtype, input dtype, dstate, headdim, tokens, index dtype, then any of ``sr``
+(stochastic rounding), ``packed`` and ``verify`` (the modules of those engine call forms, which
+warmup builds for an adopted cache; ``"bf16,bf16,128,64,4,int32,packed"``); a ReplaySSM spec is
+``replayssm:`` state dtype, tokens, max_window (H=128 P=64 N=128 G=8, bf16 input, int32).
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ import sys
 import time
 
 WARM = """
-import sys, ssu
-state, inp, N, P, T, index, *sr = sys.argv[1].split(",")
+import sys, torch, ssu
+from ssu.harness import engine_cache, engine_scales
+state, inp, N, P, T, index, *flags = sys.argv[1].split(",")
+calls = {f for f in flags if f in ("packed", "verify")}
 p = ssu.Problem(nheads=8, headdim=int(P), dstate=int(N), ngroups=1, state_dtype=state, input_dtype=inp,
-                num_slots=4, max_batch=2, tokens_per_step=int(T), speculative=int(T) > 1, device="cuda")
-options = {"warmup_index_dtypes": [index], "stochastic_rounding": bool(sr)}
+                num_slots=4, max_batch=2, tokens_per_step=int(T), speculative=int(T) > 1 and not calls,
+                device="cuda", engine_state=bool(calls), engine_calls=calls)
+options = {"warmup_index_dtypes": [index], "stochastic_rounding": "sr" in flags}
 k = ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": options}), p)
-k.warmup(k.allocate_state())
+if calls:
+    caches, _ = engine_cache(p, 1, torch.Generator())
+    scales, _ = engine_scales(p, 1, torch.Generator())
+    k.warmup(k.adopt_state(caches, scales=scales or None))
+else:
+    k.warmup(k.allocate_state())
 """
 
 WARM_REPLAYSSM = """

@@ -10,8 +10,9 @@
 # backends in one run), bench-8bit (triton's 8-bit states against bf16, one run), bench-8bit-all
 # (int8 and bf16 states, the four GPU backends, one run), tests-engine-calls (both forms on the triton and
 # flashinfer backends), bench-packed (vLLM's packed call, T = 4, triton and flashinfer, one run),
-# bench-verify (SGLang's verify call, T = 4, one run), probe-packed (the packed call's
-# launch shapes on triton, PACKED_SHAPES of block_p:num_warps).
+# bench-verify (SGLang's verify call, T = 4, one run; both build FlashInfer's modules of their call
+# form first, in parallel), probe-packed (the packed call's launch shapes on triton, PACKED_SHAPES
+# of block_p:num_warps).
 # Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 set -uo pipefail
@@ -96,7 +97,9 @@ for stage in "$@"; do
     tests-engine-calls) timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider \
       backends/triton_ssu/tests/test_engine_calls_triton.py backends/flashinfer_ssu/tests/test_flashinfer_gpu.py \
       -k "engine" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
-    bench-packed) timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
+    bench-packed) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,packed bf16,bf16,128,64,4,int32,packed \
+        | tail -1
+      timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-packed" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-packed.log" | tail -40 ;;
     probe-packed) for shape in ${PACKED_SHAPES:-4:1 8:1 8:4 16:1 16:4}; do
@@ -105,7 +108,9 @@ for stage in "$@"; do
         timeout 120 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 --config /tmp/packed-shape.toml \
           --batches "${BENCH_BATCHES:-32,128,512}" --backends triton 2>&1 | grep --line-buffered -E '^triton +(fp32|bf16)'
       done 2>&1 | tee "$OUT/probe-packed.log" ;;
-    bench-verify) timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
+    bench-verify) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,verify bf16,bf16,128,64,4,int32,verify \
+        | tail -1
+      timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-verify" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
     *) echo "unknown stage $stage" ;;
