@@ -94,7 +94,9 @@ for stage in "$@"; do
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
     bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
       --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
-    tests-engine-calls) timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests-engine-calls) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,packed,verify \
+        bf16,bf16,128,64,4,int32,packed,verify | tail -1
+      timeout 500 python3 -m pytest -v -m gpu -p no:cacheprovider \
       backends/triton_ssu/tests/test_engine_calls_triton.py backends/flashinfer_ssu/tests/test_flashinfer_gpu.py \
       -k "engine" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
     bench-packed) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,packed bf16,bf16,128,64,4,int32,packed \
