@@ -2,8 +2,8 @@
 # The GPU runs behind the docs' figures and GPU test results, from the repository root on the GPU
 # machine, logs under $OUT:
 #   source scripts/gpu-setup.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
-# Stages: replayssm-build (ReplaySSM modules, in the background: minutes each), prebuild (SSU
-# modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
+# Stages: replayssm-build (ReplaySSM modules, in the background: minutes each; replayssm-prebuild
+# the same, waiting for them), prebuild (SSU modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
 # verify-flashinfer, tests-replay, verify-replay, tests-lanes (lanes and the drop-in on the GPU),
 # overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
 # hf-overhead, hf-in-situ (the in-situ SSU calls and ssu compare alone), bench-all (the four GPU
@@ -12,9 +12,12 @@
 # flashinfer backends), bench-packed (vLLM's packed call, T = 4, triton and flashinfer, one run),
 # bench-verify (SGLang's verify call, T = 4, one run; both build FlashInfer's modules of their call
 # form first, in parallel), probe-packed (the packed call's launch shapes on triton, PACKED_SHAPES
-# of block_p:num_warps).
+# of block_p:num_warps), background and collect (below).
 # Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
+# A run longer than one command: BG_STAGES="replayssm-prebuild bench-all" BENCH_TIMEOUT=1500 with the
+# stage background, then, as the next commands on the warm machine, the stage collect until it says
+# finished (bench-all takes BENCH_DTYPES, BENCH_BATCHES and BENCH_ARGS such as "--tokens 4").
 set -uo pipefail
 OUT=${OUT:-/tmp/ssu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -29,6 +32,8 @@ for stage in "$@"; do
     replayssm-build)
       setsid nohup python3 benchmarks/flashinfer_prebuild.py replayssm:fp32,1,15 replayssm:bf16,1,15 \
         >"$OUT/replayssm-build.log" 2>&1 < /dev/null & ;;
+    replayssm-prebuild) python3 benchmarks/flashinfer_prebuild.py replayssm:fp32,1,15 replayssm:bf16,1,15 2>&1 \
+      | tee "$OUT/replayssm-build.log" ;;
     prebuild) python3 benchmarks/flashinfer_prebuild.py "${SSU_MODULES[@]}" 2>&1 | tee "$OUT/prebuild.log" ;;
     tests-triton) timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py 2>&1 \
       | tee "$OUT/gpu-tests-triton.log" | tail -25 ;;
@@ -73,8 +78,8 @@ for stage in "$@"; do
       --backends triton,flashinfer --out "$OUT/bench-t4" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-t4.log" | tail -30 ;;
     hf) timeout 400 python3 benchmarks/hf_decode.py --arch nemotron_h --preset nemotron-h-8b --layers 4 --dtype bf16 \
       --batches 1,8,32,128 --backend triton --compile 2>&1 | grep --line-buffered -v 'falling back' | tee "$OUT/hf.log" ;;
-    bench-all) timeout 580 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,512,1024}" \
-      --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-all" 2>&1 | grep --line-buffered -v '^\[ssu' \
+    bench-all) timeout "${BENCH_TIMEOUT:-580}" python3 -m ssu bench --state-dtype "${BENCH_DTYPES:-fp32,bf16}" --batches "${BENCH_BATCHES:-1,8,32,128,512,1024}" \
+      --backends triton,triton-replay,flashinfer,flashinfer-replayssm ${BENCH_ARGS:-} --out "$OUT/bench-all" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-all.log" | tail -70 ;;
     tests-lanes) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py \
       tests/test_transformers_gpu.py -k "lane or direct or dropin or (generation and triton)" 2>&1 \
@@ -89,7 +94,7 @@ for stage in "$@"; do
         --layers 4 --dtype fp32 --device cuda --backend triton
       timeout 200 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \
         --backend triton; } 2>&1 | grep --line-buffered -v 'falling back' | tee "$OUT/hf-overhead.log" ;;
-    bench-8bit-all) timeout 580 python3 -m ssu bench --state-dtype bf16,int8 --batches "${BENCH_BATCHES:-1,8,128,512,1024}" \
+    bench-8bit-all) timeout "${BENCH_TIMEOUT:-580}" python3 -m ssu bench --state-dtype bf16,int8 --batches "${BENCH_BATCHES:-1,8,128,512,1024}" \
       --backends triton,triton-replay,flashinfer,flashinfer-replayssm --out "$OUT/bench-8bit-all" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
     bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
@@ -115,6 +120,20 @@ for stage in "$@"; do
       timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-verify" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
+    background) # BG_STAGES detached from this command, their output under /tmp/ssu-bg: a run longer
+      # than one command, on a machine kept warm by the next command (within its idle release)
+      mkdir -p /tmp/ssu-bg
+      OUT=/tmp/ssu-bg setsid nohup bash "$0" ${BG_STAGES:?BG_STAGES names the stages to detach} \
+        >/tmp/ssu-bg/stages.log 2>&1 </dev/null &
+      echo $! >/tmp/ssu-bg/pid
+      echo "detached: $BG_STAGES (pid $!); collect them with the stage collect" ;;
+    collect) # wait for the detached stages (at most COLLECT_S seconds, default 540), then copy what
+      # they wrote to $OUT; if they still run, a later command collects again
+      pid=$(cat /tmp/ssu-bg/pid 2>/dev/null) end=$((SECONDS + ${COLLECT_S:-540}))
+      while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 5; done
+      if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "still running: collect again"; else echo "finished"; fi
+      cp -r /tmp/ssu-bg/. "$OUT/" && rm -f "$OUT/pid"
+      tail -40 /tmp/ssu-bg/stages.log ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
