@@ -3,16 +3,17 @@
 # machine, logs under $OUT:
 #   source scripts/gpu-setup.sh; bash benchmarks/gpu_runs.sh STAGE [STAGE...]
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each; replayssm-prebuild
-# the same, waiting for them), prebuild (SSU modules the tests use), tests-triton, tests-flashinfer, tests-replayssm, tests-hf, verify-triton,
-# verify-flashinfer, tests-replay, verify-replay, tests-lanes (lanes and the drop-in on the GPU),
-# overhead, bench, bench-t4, bench-replay, bench-replay-t4, probe, probe-fold, probe-t4, hf,
-# hf-overhead, hf-in-situ (the in-situ SSU calls and ssu compare alone), bench-all (the four GPU
-# backends in one run), bench-8bit (triton's 8-bit states against bf16, one run), bench-8bit-all
-# (int8 and bf16 states, the four GPU backends, one run), tests-engine-calls (both forms on the triton and
-# flashinfer backends), bench-packed (vLLM's packed call, T = 4, triton and flashinfer, one run),
-# bench-verify (SGLang's verify call, T = 4, one run; both build FlashInfer's modules of their call
-# form first, in parallel), probe-packed (the packed call's launch shapes on triton, PACKED_SHAPES
-# of block_p:num_warps), background and collect (below).
+# the same, waiting for them), prebuild (SSU modules the tests use), tests-triton, tests-flashinfer,
+# tests-replayssm, tests-hf, verify-triton, verify-flashinfer, tests-replay, verify-replay,
+# tests-lanes (lanes and the drop-in on the GPU), overhead, bench, bench-t4, bench-replay,
+# bench-replay-t4, probe, probe-fold, probe-t4, hf, hf-overhead, hf-in-situ (the in-situ SSU calls
+# and ssu compare alone), bench-all (the four GPU backends in one run), bench-8bit (triton's 8-bit
+# states against bf16, one run), bench-8bit-all (int8 and bf16 states, the four GPU backends, one
+# run), tests-engine-calls (both forms on the triton and flashinfer backends), bench-packed (vLLM's
+# packed call, T = 4, triton and flashinfer, one run), bench-verify (SGLang's verify call, T = 4,
+# one run; both build FlashInfer's modules of their call form first, in parallel), probe-packed (the
+# packed call's launch shapes on triton, PACKED_SHAPES of block_p:num_warps), background and collect
+# (below).
 # Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 # A run longer than one command: BG_STAGES="replayssm-prebuild bench-all" BENCH_TIMEOUT=1500 with the
