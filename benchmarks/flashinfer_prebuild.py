@@ -27,8 +27,9 @@ p = ssu.Problem(nheads=8, headdim=int(P), dstate=int(N), ngroups=1, state_dtype=
 options = {"warmup_index_dtypes": [index], "stochastic_rounding": "sr" in flags}
 k = ssu.open(ssu.Config(backend="flashinfer", backends={"flashinfer": options}), p)
 if calls:
-    caches, _ = engine_cache(p, 1, torch.Generator())
-    scales, _ = engine_scales(p, 1, torch.Generator())
+    gen = torch.Generator()
+    caches, _ = engine_cache(p, 1, gen)
+    scales, _ = engine_scales(p, 1, gen)
     k.warmup(k.adopt_state(caches, scales=scales or None))
 else:
     k.warmup(k.allocate_state())

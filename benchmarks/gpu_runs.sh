@@ -27,13 +27,17 @@ SSU_MODULES=(fp32,bf16,128,64,1,int32 bf16,bf16,128,64,1,int32 fp32,bf16,128,64,
   bf16,bf16,256,64,1,int32 fp16,bf16,128,64,1,int32,sr fp32,bf16,128,32,1,int32 fp32,bf16,128,96,1,int32
   fp32,bf16,128,128,1,int32 fp32,bf16,32,64,1,int32 fp32,bf16,96,64,1,int32 fp32,fp32,128,64,1,int32
   bf16,bf16,128,64,4,int32)
+REPLAYSSM_MODULES=(replayssm:fp32,1,15 replayssm:bf16,1,15)
+# FlashInfer's modules of the engine call forms ($1: packed, verify or packed,verify) at the bench's
+# shape, fp32 and bf16 states, built in parallel
+call_modules() { python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,"$1" bf16,bf16,128,64,4,int32,"$1" | tail -1; }
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     replayssm-build)
-      setsid nohup python3 benchmarks/flashinfer_prebuild.py replayssm:fp32,1,15 replayssm:bf16,1,15 \
+      setsid nohup python3 benchmarks/flashinfer_prebuild.py "${REPLAYSSM_MODULES[@]}" \
         >"$OUT/replayssm-build.log" 2>&1 < /dev/null & ;;
-    replayssm-prebuild) python3 benchmarks/flashinfer_prebuild.py replayssm:fp32,1,15 replayssm:bf16,1,15 2>&1 \
+    replayssm-prebuild) python3 benchmarks/flashinfer_prebuild.py "${REPLAYSSM_MODULES[@]}" 2>&1 \
       | tee "$OUT/replayssm-build.log" ;;
     prebuild) python3 benchmarks/flashinfer_prebuild.py "${SSU_MODULES[@]}" 2>&1 | tee "$OUT/prebuild.log" ;;
     tests-triton) timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py 2>&1 \
@@ -100,13 +104,11 @@ for stage in "$@"; do
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit-all.log" | tail -50 ;;
     bench-8bit) timeout 560 python3 -m ssu bench --state-dtype bf16,int8,fp8_e4m3 --batches "${BENCH_BATCHES:-1,32,128,256,512,1024}" \
       --backends triton --adopt --out "$OUT/bench-8bit" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-8bit.log" | tail -50 ;;
-    tests-engine-calls) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,packed,verify \
-        bf16,bf16,128,64,4,int32,packed,verify | tail -1
+    tests-engine-calls) call_modules packed,verify
       timeout 500 python3 -m pytest -v -m gpu -p no:cacheprovider \
       backends/triton_ssu/tests/test_engine_calls_triton.py backends/flashinfer_ssu/tests/test_flashinfer_gpu.py \
       -k "engine" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
-    bench-packed) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,packed bf16,bf16,128,64,4,int32,packed \
-        | tail -1
+    bench-packed) call_modules packed
       timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-packed" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-packed.log" | tail -40 ;;
@@ -116,8 +118,7 @@ for stage in "$@"; do
         timeout 120 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 --config /tmp/packed-shape.toml \
           --batches "${BENCH_BATCHES:-32,128,512}" --backends triton 2>&1 | grep --line-buffered -E '^triton +(fp32|bf16)'
       done 2>&1 | tee "$OUT/probe-packed.log" ;;
-    bench-verify) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,4,int32,verify bf16,bf16,128,64,4,int32,verify \
-        | tail -1
+    bench-verify) call_modules verify
       timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-verify" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-verify.log" | tail -30 ;;
