@@ -5,7 +5,7 @@
 # Stages: replayssm-build (ReplaySSM modules, in the background: minutes each; replayssm-prebuild
 # the same, waiting for them), prebuild (SSU modules the tests use), tests-triton, tests-flashinfer,
 # tests-replayssm, tests-hf, verify-triton, verify-flashinfer, tests-replay, verify-replay,
-# tests-lanes (lanes and the drop-in on the GPU), overhead, bench, bench-t4, bench-replay,
+# tests-lanes (builds the compiled lanes; lanes and the drop-in on the GPU), overhead, bench, bench-t4, bench-replay,
 # bench-replay-t4, probe, probe-fold, probe-t4, hf, hf-overhead, hf-in-situ (the in-situ SSU calls
 # and ssu compare alone), bench-all (the four GPU backends in one run), bench-8bit (triton's 8-bit
 # states against bf16, one run), bench-8bit-all (int8 and bf16 states, the four GPU backends, one
@@ -86,9 +86,12 @@ for stage in "$@"; do
     bench-all) timeout "${BENCH_TIMEOUT:-580}" python3 -m ssu bench --state-dtype "${BENCH_DTYPES:-fp32,bf16}" --batches "${BENCH_BATCHES:-1,8,32,128,512,1024}" \
       --backends triton,triton-replay,flashinfer,flashinfer-replayssm ${BENCH_ARGS:-} --out "$OUT/bench-all" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-all.log" | tail -70 ;;
-    tests-lanes) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py \
-      tests/test_transformers_gpu.py -k "lane or direct or dropin or (generation and triton)" 2>&1 \
-      | tee "$OUT/gpu-tests-lanes.log" | tail -15 ;;
+    tests-lanes) { timeout 120 python3 -c 'import time; t = time.perf_counter(); from ssu_backend_triton import compiled_lanes as c
+print("compiled lanes:", c.module() is not None, c.failure() or "", f"{time.perf_counter() - t:.1f} s")'
+      timeout 100 python3 -m pytest -q -p no:cacheprovider backends/triton_ssu/tests/test_compiled_lanes.py
+      timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider backends/triton_ssu/tests/test_triton_gpu.py \
+      tests/test_transformers_gpu.py -k "lane or direct or dropin or (generation and triton)"; } 2>&1 \
+      | tee "$OUT/gpu-tests-lanes.log" | tail -25 ;;
     hf-in-situ) { timeout 200 python3 benchmarks/hf_ssu_overhead.py --arch nemotron_h --preset nemotron-h-8b \
         --layers 4 --dtype fp32 --device cuda --backend triton --rounds 3
       timeout 150 python3 -m ssu compare --arch nemotron_h --preset nemotron-h-8b --layers 4 --device cuda \

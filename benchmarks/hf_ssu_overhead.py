@@ -38,6 +38,7 @@ import pstats
 import statistics
 import sys
 
+import attrs
 import torch
 
 import ssu
@@ -164,7 +165,8 @@ def in_situ(model, ids, config, rounds: int, launcher=None) -> None:
     path, the paths taking turns (each path opens its kernels afresh and warms up first). With
     ``launcher`` (:func:`kept_launch`'s), also the floor of an eager Triton SSU there: the
     output's allocation and that one launch alone (on the first decode call's tensors; timing
-    only), what a call through ssu pays beyond it being ssu's own Python."""
+    only), what a call through ssu pays beyond it being ssu's own host work. With the triton
+    backend, its cache lanes also as Python (``compiled_lanes = false``)."""
     import transformers
 
     def withheld(*args, **kwargs):
@@ -179,7 +181,12 @@ def in_situ(model, ids, config, rounds: int, launcher=None) -> None:
         return call
 
     floor = "launch and allocation alone"
-    paths = ("ssu, cache lanes", "ssu, lanes of one tensor") + ((floor,) if launcher else ()) + ("zeros",)
+    python_lanes = "ssu, cache lanes in Python"
+    configs = {name: config for name in ("ssu, cache lanes", "ssu, lanes of one tensor")}
+    if "triton" in config.candidates:  # its lanes compiled (as it ships) and in Python
+        tables = {**config.backends, "triton": {**config.options_for("triton"), "compiled_lanes": False}}
+        configs[python_lanes] = attrs.evolve(config, backends=tables)
+    paths = (*configs, *((floor,) if launcher else ()), "zeros")
     seconds: dict = {name: [] for name in paths}
     shipped = ssu.Kernel.cache_lane
     for _ in range(rounds):
@@ -192,7 +199,7 @@ def in_situ(model, ids, config, rounds: int, launcher=None) -> None:
                 elif name == floor:
                     context = hf_models.replaced_ssu(model, launch_alone)
                 else:
-                    context = ssu_hf.patch(model, config=config)
+                    context = ssu_hf.patch(model, config=configs[name])
                 with context:
                     hf_models.generate(model, ids, 2)
                     with hf_models.timed_calls(model) as calls:

@@ -35,7 +35,10 @@ class TritonOptions:
     ``tuning_cache`` is the JSON file of tuned parameters (default
     ``$SSU_TRITON_TUNING_CACHE`` or ``~/.cache/ssu/triton-tuning.json``; ``""`` disables it).
     ``stochastic_rounding`` rounds an fp16 state cache stochastically with ``philox_rounds``
-    Philox rounds (off by default; fp16 state only)."""
+    Philox rounds (off by default; fp16 state only). ``compiled_lanes``: the lanes that launch a
+    decode step's later calls of one layout run as one C++ call (built on first use: about 10 to 20
+    seconds once per machine and torch version, with a C++ compiler and ninja; a warning says so
+    where it cannot be built, and lanes stay in Python); ``false`` keeps them in Python."""
 
     block_p: int = attrs.field(default=0, validator=choice(0, *BLOCK_P_CHOICES))
     num_warps: int = attrs.field(default=0, validator=choice(0, *NUM_WARPS_CHOICES))
@@ -48,3 +51,4 @@ class TritonOptions:
     stochastic_rounding: bool = False
     philox_rounds: int = attrs.field(default=10, validator=in_range(1, 10))
     tune_iterations: int = attrs.field(default=20, validator=in_range(3, 1000))
+    compiled_lanes: bool = True

@@ -11,7 +11,7 @@ import torch
 
 from ssu import signatures
 
-from . import fast_launch
+from . import compiled_lanes, fast_launch
 from .kernel import ssu_kernel
 from .launch import arguments, kernel_call
 
@@ -103,13 +103,16 @@ class StepLaunches:
     declines).
     """
 
-    def __init__(self, seed, faults) -> None:
+    def __init__(self, seed, faults, compiled=None) -> None:
         self.seed = seed
         self.faults = faults
+        #: the compiled lanes' extension (:func:`compiled_lanes.module`), or None: lanes in Python
+        self.compiled = compiled
         # the kernel's own tensors, allocated once: their addresses do not change
         self.seed_ptr = None if seed is None else seed.data_ptr()
         self.faults_ptr = faults.data_ptr()
-        #: form -> [(layout guard, (C launch, fixed launcher arguments, grid x, y, z, kernel args after the pointers))]
+        #: form -> [(layout guard, (C launch, fixed launcher arguments, grid x, y, z, kernel args after the
+        #: pointers, the kernel's argument types or None))]
         self.direct = {}
 
     def __call__(
@@ -166,7 +169,7 @@ class StepLaunches:
             # fmt: off
             if not (p_read | p_write | p_cursor | p_x | p_dt | p_A | p_B | p_C | p_slots | p_dst | p_D | p_z
                     | p_dt_bias | p_out | p_seed | p_rscale | p_wscale) & 15:
-                c_launch, fixed, gx, gy, gz, tail = kept
+                c_launch, fixed, gx, gy, gz, tail, _ = kept
                 c_launch(gx, gy, gz, _raw_stream(device), *fixed, p_read, p_write, p_cursor, p_x, p_dt, p_A, p_B, p_C,
                          p_slots, p_dst, p_D, p_z, p_dt_bias, p_out, p_seed, self.faults_ptr, p_rscale, p_wscale,
                          *tail)
@@ -213,7 +216,7 @@ class StepLaunches:
         kept = next((entry for guard, entry in self.direct.get(form, ()) if guard.check(*tensors)), None)
         if kept is None:
             return None
-        c_launch, fixed, gx, gy, gz, tail = kept
+        c_launch, fixed, gx, gy, gz, tail, types = kept
         p_slots = slots.data_ptr()
         p_seed = p_slots if self.seed is None else self.seed_ptr
         p_rscale = p_wscale = p_slots
@@ -264,12 +267,67 @@ class StepLaunches:
             # fmt: on
             return out
 
+        holds = (slots,) if cache is not None else (read, slots, scales)  # not the cache: the lane steps any copy
+        if (
+            self.compiled is not None
+            and types is not None
+            and (read.device.type != "cuda" or read.device.index == device)
+        ):
+            # fmt: off
+            pointers = (0, 0, p_slots, 0, 0, 0, 0, 0, p_slots, p_slots, 0, 0, 0, 0, p_seed, p_faults, p_rscale,
+                        p_wscale)
+            # fmt: on
+            lane = self._compiled_lane(
+                types,
+                kept,
+                pointers,
+                (read if cache is None else cache, x, dt, A, B, C, D, z, dt_bias),
+                dt_softplus,
+                None if cache is not None else read,
+                holds,
+            )  # fmt: skip
+            if lane is not None:
+                return lane
         if cache is not None:
-            run.holds = (slots,)  # the tensors whose addresses it launches with: not the cache
+            run.holds = holds  # the tensors whose addresses it launches with
             return run
         bound = functools.partial(run, read)
-        bound.holds = (read, slots, scales)
+        bound.holds = holds
         return bound
+
+    def _compiled_lane(self, types, kept, pointers, references, softplus, target, holds):
+        """The lane of :meth:`lane` compiled to one C++ call (:mod:`compiled_lanes`), or None where
+        it makes none (then the Python lane serves): the kept launch's arguments packed once, the
+        addresses of the call's tensors and output written into their slots per call."""
+        fixed, (gx, gy, gz), tail = kept[1], kept[2:5], kept[5]
+        function, cooperative, pdl, _, _, metadata = fixed[:6]
+        packed = compiled_lanes.pack(types, (*pointers, *tail))
+        if packed is None:
+            return None
+        _, x, _, _, _, _, D, z, dt_bias = references
+        slots = (
+            (0, 1),  # the state read and written
+            (3,) + ((11,) if z is None else ()),  # x (and z's place without z)
+            (4,),
+            (5,) + ((10,) if D is None else ()) + ((12,) if dt_bias is None else ()),  # A (and D's, dt_bias's)
+            (6,),
+            (7,),
+            () if D is None else (10,),
+            () if z is None else (11,),
+            () if dt_bias is None else (12,),
+            (13,),  # the output
+        )
+        try:
+            lane = compiled_lanes.make(
+                self.compiled, packed, function=function, grid=(gx, gy, gz), metadata=metadata, pdl=pdl,
+                cooperative=cooperative, references=references, slots=slots, softplus=softplus, target=target,
+                holds=holds,
+            )  # fmt: skip
+        except (RuntimeError, TypeError, ValueError):  # a launch it cannot describe: the Python lane serves
+            return None
+        if lane is not None:
+            lane.holds = holds
+        return lane
 
     def _keep(self, form, tensors, compiled, grid, args, kwargs) -> None:
         names = list(getattr(ssu_kernel, "arg_names", ()))
@@ -289,5 +347,6 @@ class StepLaunches:
         if not guard.check(*tensors):
             return  # a layout its own guard refuses (one tensor passed twice): kept, it would only evict others
         layouts = self.direct.setdefault(form, [])
-        layouts.insert(0, (guard, (c_launch, fixed, *grid, tail)))
+        types = compiled_lanes.param_types(compiled) if self.compiled is not None else None
+        layouts.insert(0, (guard, (c_launch, fixed, *grid, tail, types)))
         del layouts[LAYOUTS_PER_FORM:]

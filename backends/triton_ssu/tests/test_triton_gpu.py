@@ -14,6 +14,7 @@ import ssu
 from ssu.conformance import run_on
 from ssu.harness import stochastic_rounding_bias
 from ssu.inputs import step_inputs
+from ssu_backend_triton import compiled_lanes
 
 from triton_helpers import SHAPES, compare_steps, cuda_problem, launch_layer, run_twice, seeded_states
 
@@ -327,10 +328,24 @@ def test_dropin_in_a_cuda_graph(gen):
     ssu.dropin.clear()
 
 
-def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch):
+def lanes_config(compiled: bool) -> "ssu.Config":
+    """The triton backend with its lanes compiled (then the extension must build here) or in Python."""
+    if compiled:
+        assert compiled_lanes.module() is not None, compiled_lanes.failure()
+    return ssu.Config(backend="triton", backends={"triton": {"compiled_lanes": compiled}})
+
+
+def lane_kinds() -> set:
+    """The types of the drop-in's lanes bound so far."""
+    return {type(lane).__name__ for lanes in ssu.dropin._lanes.values() for lane in lanes}
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled lanes", "Python lanes"])
+def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch, compiled):
     """A model's decode calls (no slot ids, no out) through the drop-in's lanes, with batches that
     alternate and an unaligned x the lane declines, write the same bits, outputs and cache, as the
-    same calls through the step alone, and agree with the reference."""
+    same calls through the step alone, and agree with the reference; lanes compiled to one C++ call
+    and lanes in Python alike."""
     H, P, N, G = SHAPES["nemotron-h-8b"]
     caches = {name: torch.randn(8, H, P, N, device="cuda") for name in ("lanes", "step", "reference")}
     caches["step"].copy_(caches["lanes"])
@@ -350,7 +365,7 @@ def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch):
     for name in caches:
         ssu.dropin.clear()
         monkeypatch.setattr(ssu.dropin, "LANE_BINDS", 0 if name == "step" else 16)
-        config = ssu.Config(backend="triton" if name != "reference" else "reference")
+        config = lanes_config(compiled) if name != "reference" else ssu.Config(backend="reference")
         for x, dt, B, C in calls:
             out = ssu.selective_state_update(
                 caches[name], x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True, config=config
@@ -358,6 +373,7 @@ def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch):
             outs[name].append(out)
         if name == "lanes":
             assert sum(len(lanes) for lanes in ssu.dropin._lanes.values()) >= 2  # one per batch at least
+            assert ("Lane" in lane_kinds()) is compiled
     torch.cuda.synchronize()
     assert torch.equal(caches["lanes"], caches["step"])
     for got, want, ref in zip(outs["lanes"], outs["step"], outs["reference"]):
@@ -367,7 +383,8 @@ def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch):
     ssu.dropin.clear()
 
 
-def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled lanes", "Python lanes"])
+def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch, compiled):
     """Calls that each hand over a fresh copy of the cache, as transformers from 5.25 makes one
     before every decode step: through the cache lanes (one adoption per batch size, not per call)
     the same bits, outputs and final cache, as the same calls through the step alone."""
@@ -394,7 +411,7 @@ def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch)
 
         monkeypatch.setattr(ssu.dropin, "LANE_BINDS", 0 if name == "step" else 16)
         monkeypatch.setattr(ssu.dropin, "_prepare", counted)
-        config = ssu.Config(backend="triton")
+        config = lanes_config(compiled)
         cache, outs = start.clone(), []
         for x, dt, B, C in calls:
             cache = cache.clone()
@@ -402,6 +419,8 @@ def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch)
                 ssu.selective_state_update(cache, x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True, config=config)
             )
         results[name] = cache, outs, len(prepared)
+        if name == "lanes":
+            assert ("Lane" in lane_kinds()) is compiled
     torch.cuda.synchronize()
     assert results["lanes"][2] == 2 and results["step"][2] == len(calls)  # batches 1 and 3; every call
     assert torch.equal(results["lanes"][0], results["step"][0])
