@@ -14,7 +14,7 @@ import triton
 
 from ssu.slot_state import LayerViews, versions
 
-from . import compiled_lanes, tuning
+from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
 from .launch import StepConstants, launch
 from .step_launches import StepLaunches
@@ -39,8 +39,6 @@ class Launcher:
         self.tuned_us: dict = {}  # bucket -> microseconds of its schedule, as tuned (now or in the cache)
         for bucket in tuning.buckets(p.max_batch):
             self.set_bucket(bucket, self.pinned() or tuning.default_config(p, bucket))
-        #: the compiled lanes' extension (built now on first use, then kept by torch), or None
-        self.compiled_lanes = compiled_lanes.module() if on_cuda and self.options.compiled_lanes else None
         if on_cuda and self.pinned() is None:  # reuse what an earlier process tuned
             cached = tuning.read_cache(tuning.cache_path(self.options.tuning_cache))
             for bucket in tuning.buckets(p.max_batch):
@@ -106,7 +104,7 @@ class Launcher:
         consts = {True: self.constants(True), False: self.constants(False)}  # allocated / adopted speculative
         is_compiling = torch.compiler.is_compiling
         op = torch.ops.ssu_triton.step
-        launches = StepLaunches(seed, faults, self.compiled_lanes)
+        launches = StepLaunches(seed, faults, compiled=self.options.compiled_lanes)
         quantized = self.problem.quantized
 
         def step(

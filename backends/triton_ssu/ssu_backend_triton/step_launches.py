@@ -103,10 +103,11 @@ class StepLaunches:
     declines).
     """
 
-    def __init__(self, seed, faults, compiled=None) -> None:
+    def __init__(self, seed, faults, compiled: bool = False) -> None:
         self.seed = seed
         self.faults = faults
-        #: the compiled lanes' extension (:func:`compiled_lanes.module`), or None: lanes in Python
+        #: whether lanes are compiled to one C++ call (:mod:`compiled_lanes`; the extension is built
+        #: when the first lane is bound, and where it cannot be, lanes run in Python)
         self.compiled = compiled
         # the kernel's own tensors, allocated once: their addresses do not change
         self.seed_ptr = None if seed is None else seed.data_ptr()
@@ -268,11 +269,7 @@ class StepLaunches:
             return out
 
         holds = (slots,) if cache is not None else (read, slots, scales)  # not the cache: the lane steps any copy
-        if (
-            self.compiled is not None
-            and types is not None
-            and (read.device.type != "cuda" or read.device.index == device)
-        ):
+        if self.compiled and types is not None and (read.device.type != "cuda" or read.device.index == device):
             # fmt: off
             pointers = (0, 0, p_slots, 0, 0, 0, 0, 0, p_slots, p_slots, 0, 0, 0, 0, p_seed, p_faults, p_rscale,
                         p_wscale)
@@ -299,6 +296,9 @@ class StepLaunches:
         """The lane of :meth:`lane` compiled to one C++ call (:mod:`compiled_lanes`), or None where
         it makes none (then the Python lane serves): the kept launch's arguments packed once, the
         addresses of the call's tensors and output written into their slots per call."""
+        lib = compiled_lanes.module()
+        if lib is None:
+            return None
         fixed, (gx, gy, gz), tail = kept[1], kept[2:5], kept[5]
         function, cooperative, pdl, _, _, metadata = fixed[:6]
         packed = compiled_lanes.pack(types, (*pointers, *tail))
@@ -319,7 +319,7 @@ class StepLaunches:
         )
         try:
             lane = compiled_lanes.make(
-                self.compiled, packed, function=function, grid=(gx, gy, gz), metadata=metadata, pdl=pdl,
+                lib, packed, function=function, grid=(gx, gy, gz), metadata=metadata, pdl=pdl,
                 cooperative=cooperative, references=references, slots=slots, softplus=softplus, target=target,
                 holds=holds,
             )  # fmt: skip
@@ -347,6 +347,6 @@ class StepLaunches:
         if not guard.check(*tensors):
             return  # a layout its own guard refuses (one tensor passed twice): kept, it would only evict others
         layouts = self.direct.setdefault(form, [])
-        types = compiled_lanes.param_types(compiled) if self.compiled is not None else None
+        types = compiled_lanes.param_types(compiled) if self.compiled else None
         layouts.insert(0, (guard, (c_launch, fixed, *grid, tail, types)))
         del layouts[LAYOUTS_PER_FORM:]

@@ -191,7 +191,7 @@ def test_param_types_refuses_descriptors_and_tuples():
 def test_a_compiled_lane_launches_what_the_direct_launch_passes(driver):
     gen = torch.Generator().manual_seed(11)
     faults = torch.zeros(1, dtype=torch.int64)
-    launches = StepLaunches(None, faults, driver.lib)
+    launches = StepLaunches(None, faults, compiled=True)
     first = make_call(gen)
     launches(**first)
     lane = bound(driver, launches, first)
@@ -219,7 +219,7 @@ def test_a_compiled_lane_launches_what_the_direct_launch_passes(driver):
 )
 def test_a_compiled_lane_declines_what_it_was_not_bound_for(driver, change):
     gen = torch.Generator().manual_seed(12)
-    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), driver.lib)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
     first = make_call(gen, z=False)
     launches(**first)
     lane = bound(driver, launches, first)
@@ -243,7 +243,7 @@ def test_a_compiled_lane_declines_what_it_was_not_bound_for(driver, change):
 def test_a_compiled_cache_lane_steps_any_tensor_of_the_caches_layout(driver):
     gen = torch.Generator().manual_seed(13)
     faults = torch.zeros(1, dtype=torch.int64)
-    launches = StepLaunches(None, faults, driver.lib)
+    launches = StepLaunches(None, faults, compiled=True)
     cache = torch.randn(6, 4, 16, 32, generator=gen)
     first = adopted_call(gen, cache)
     launches(**first)
@@ -274,7 +274,7 @@ def test_a_compiled_cache_lane_steps_any_tensor_of_the_caches_layout(driver):
 
 def test_a_compiled_lane_keeps_what_it_launches_with_alive_and_leaks_nothing(driver):
     gen = torch.Generator().manual_seed(14)
-    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), driver.lib)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
     first = make_call(gen)
     launches(**first)
     lane = bound(driver, launches, first)
@@ -295,7 +295,7 @@ def test_a_compiled_lane_keeps_what_it_launches_with_alive_and_leaks_nothing(dri
 
 def test_a_failed_launch_raises_with_the_drivers_code(driver):
     gen = torch.Generator().manual_seed(15)
-    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), driver.lib)
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
     first = make_call(gen)
     launches(**first)
     lane = bound(driver, launches, first)
@@ -309,9 +309,12 @@ def test_a_failed_launch_raises_with_the_drivers_code(driver):
 def test_the_python_lane_serves_where_no_compiled_lane_is_made(driver, monkeypatch):
     gen = torch.Generator().manual_seed(16)
     call = make_call(gen)
-    for why in ("no extension", "no driver", "a signature it does not pack"):
-        launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), None if why == "no extension" else driver.lib)
+    for why in ("compiled lanes off", "not built", "no driver", "a signature it does not pack"):
+        launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=why != "compiled lanes off")
+        if why == "not built":
+            monkeypatch.setattr(compiled_lanes, "module", lambda: None)
         if why == "no driver":
+            monkeypatch.setattr(compiled_lanes, "module", lambda: driver.lib)
             monkeypatch.setattr(compiled_lanes, "driver", lambda: None)
         if why == "a signature it does not pack":
             monkeypatch.setattr(compiled_lanes, "param_types", lambda compiled: None)
