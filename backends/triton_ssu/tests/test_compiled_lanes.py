@@ -28,7 +28,7 @@ import torch
 from ssu_backend_triton import compiled_lanes, fast_launch, launch, step_launches
 from ssu_backend_triton.step_launches import StepLaunches
 
-from test_step_launches import LANE_INPUTS, STREAM, adopted_call, full_arguments, make_call
+from test_step_launches import LANE_INPUTS, STREAM, adopted_call, changed_call, full_arguments, make_call
 
 FIXED = (0xF00D, False, True, None, None, (4, 1, 2048), None, None, None)
 
@@ -144,6 +144,15 @@ def bound(d: Driver, launches: StepLaunches, call: dict, cache=None):
     return launches.lane(scales=None, cache=cache, **fixed)
 
 
+def compiled_lane(d: Driver, gen, **kwargs) -> tuple:
+    """``(launches, first call, lane)``: a first call of ``make_call(gen, **kwargs)`` launched in full,
+    then the lane of its layout, compiled."""
+    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
+    first = make_call(gen, **kwargs)
+    launches(**first)
+    return launches, first, bound(d, launches, first)
+
+
 def slot_count(types_: tuple) -> int:
     """The parameters a launch of a kernel of these argument types passes (with the two scratch pointers)."""
     return sum(ty != "constexpr" for ty in types_) + 2
@@ -235,24 +244,9 @@ def test_a_compiled_lane_launches_what_the_direct_launch_passes(driver):
 )
 def test_a_compiled_lane_declines_what_it_was_not_bound_for(driver, change):
     gen = torch.Generator().manual_seed(12)
-    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
-    first = make_call(gen, z=False)
-    launches(**first)
-    lane = bound(driver, launches, first)
+    _, _, lane = compiled_lane(driver, gen, z=False)
     assert type(lane).__name__ == "Lane"
-    call = make_call(gen, z=False, b=2 if change == "another layout" else 3)
-    if change == "z given":
-        call["z"] = torch.randn(3, 4, 16, generator=gen).to(torch.bfloat16)
-    if change == "no softplus":
-        call["dt_softplus"] = False
-    if change == "unaligned":
-        x = call["x"]
-        call["x"] = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
-    if change == "another dtype":
-        call["dt"] = call["dt"].float()
-    if change == "needs gradients":
-        call["D"] = call["D"].clone().requires_grad_()
-    assert lane(*[call[k] for k in LANE_INPUTS]) is None
+    assert lane(*[changed_call(gen, change)[k] for k in LANE_INPUTS]) is None
     assert not driver.launched and not driver.direct
 
 
@@ -289,11 +283,7 @@ def test_a_compiled_cache_lane_steps_any_tensor_of_the_caches_layout(driver):
 
 
 def test_a_compiled_lane_keeps_what_it_launches_with_alive_and_leaks_nothing(driver):
-    gen = torch.Generator().manual_seed(14)
-    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
-    first = make_call(gen)
-    launches(**first)
-    lane = bound(driver, launches, first)
+    launches, first, lane = compiled_lane(driver, torch.Generator().manual_seed(14))
     driver.slots = 1
     read, slots = weakref.ref(first["read"]), weakref.ref(first["slots"])
     args = [first[k] for k in LANE_INPUTS]
@@ -310,11 +300,7 @@ def test_a_compiled_lane_keeps_what_it_launches_with_alive_and_leaks_nothing(dri
 
 
 def test_a_failed_launch_raises_with_the_drivers_code(driver):
-    gen = torch.Generator().manual_seed(15)
-    launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64), compiled=True)
-    first = make_call(gen)
-    launches(**first)
-    lane = bound(driver, launches, first)
+    _, first, lane = compiled_lane(driver, torch.Generator().manual_seed(15))
     driver.result, driver.slots = 700, 1
     with pytest.raises(RuntimeError, match="CUDA error 700"):
         lane(*[first[k] for k in LANE_INPUTS])

@@ -309,6 +309,25 @@ def test_a_lane_passes_what_the_direct_launch_passes(recorder):
     assert any(t is first["read"] for t in lane.holds) and any(t is first["slots"] for t in lane.holds)
 
 
+def changed_call(gen, change: str) -> dict:
+    """A call (of ``make_call(gen, z=False)``'s layout) with one ``change`` a lane bound for that
+    layout must decline: another layout, z given, no softplus, an unaligned x, another dtype of
+    dt, a D that needs gradients (any other change: none)."""
+    call = make_call(gen, z=False, b=2 if change == "another layout" else 3)
+    if change == "z given":
+        call["z"] = torch.randn(3, 4, 16, generator=gen).to(torch.bfloat16)
+    if change == "no softplus":
+        call["dt_softplus"] = False
+    if change == "unaligned":
+        x = call["x"]
+        call["x"] = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    if change == "another dtype":
+        call["dt"] = call["dt"].float()
+    if change == "needs gradients":
+        call["D"] = call["D"].clone().requires_grad_()
+    return call
+
+
 @pytest.mark.parametrize(
     "change",
     ["another layout", "z given", "no softplus", "unaligned", "another device"],
@@ -319,14 +338,7 @@ def test_a_lane_declines_what_it_was_not_bound_for(recorder, monkeypatch, change
     first = make_call(gen, z=False)
     launches(**first)
     lane = lane_for(launches, first)
-    call = make_call(gen, z=False, b=2 if change == "another layout" else 3)
-    if change == "z given":
-        call["z"] = torch.randn(3, 4, 16, generator=gen).to(torch.bfloat16)
-    if change == "no softplus":
-        call["dt_softplus"] = False
-    if change == "unaligned":
-        x = call["x"]
-        call["x"] = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    call = changed_call(gen, change)
     if change == "another device":
         monkeypatch.setattr(step_launches, "_current_device", lambda: 1)
     assert lane(*[call[k] for k in LANE_INPUTS]) is None
