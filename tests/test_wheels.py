@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,9 @@ def wheels(tmp_path_factory) -> Path:
 def test_the_script_builds_the_four_wheels(wheels):
     built = sorted(p.name.split("-")[0] for p in wheels.glob("*.whl"))
     assert built == sorted(DISTRIBUTIONS)
+    (triton,) = wheels.glob("ssu_backend_triton-*.whl")
+    with zipfile.ZipFile(triton) as wheel:  # the compiled lanes' source, built where it runs
+        assert "ssu_backend_triton/csrc/lane.cpp" in wheel.namelist()
 
 
 @pytest.mark.slow
@@ -42,7 +46,8 @@ def test_two_backends_install_from_the_wheels_alone_and_are_listed(wheels, tmp_p
     run(sys.executable, "-m", "venv", str(venv))
     python = str(venv / "bin" / "python")
     # what the backends need from elsewhere, at this environment's versions (found in pip's cache)
-    needs = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "triton", "pluggy", "attrs", "numpy")]
+    names = ("torch", "triton", "pluggy", "attrs", "numpy", "ninja")
+    needs = [f"{name}=={importlib.metadata.version(name)}" for name in names]
     run(python, "-m", "pip", "install", "-q", *needs)
     run(
         python,
