@@ -240,7 +240,7 @@ def test_a_compiled_lane_launches_what_the_direct_launch_passes(driver):
 
 
 @pytest.mark.parametrize(
-    "change", ["another layout", "z given", "no softplus", "unaligned", "another dtype", "needs gradients"]
+    "change", ["another layout", "z given", "no softplus", "unaligned", "another dtype", "needs gradients", "sparse"]
 )
 def test_a_compiled_lane_declines_what_it_was_not_bound_for(driver, change):
     gen = torch.Generator().manual_seed(12)

@@ -312,7 +312,7 @@ def test_a_lane_passes_what_the_direct_launch_passes(recorder):
 def changed_call(gen, change: str) -> dict:
     """A call (of ``make_call(gen, z=False)``'s layout) with one ``change`` a lane bound for that
     layout must decline: another layout, z given, no softplus, an unaligned x, another dtype of
-    dt, a D that needs gradients (any other change: none)."""
+    dt, a D that needs gradients or is sparse (any other change: none)."""
     call = make_call(gen, z=False, b=2 if change == "another layout" else 3)
     if change == "z given":
         call["z"] = torch.randn(3, 4, 16, generator=gen).to(torch.bfloat16)
@@ -325,6 +325,8 @@ def changed_call(gen, change: str) -> dict:
         call["dt"] = call["dt"].float()
     if change == "needs gradients":
         call["D"] = call["D"].clone().requires_grad_()
+    if change == "sparse":
+        call["D"] = call["D"].to_sparse()
     return call
 
 

@@ -42,9 +42,10 @@ struct Layout {
   bool requires_grad = false;
   c10::DispatchKeySet keys;
 
+  // The dispatch keys first: a sparse or nested tensor differs there, before its strides are asked.
   bool matches(const at::Tensor& t) const {
-    return t.defined() && t.scalar_type() == dtype && t.device() == device && t.sizes().equals(sizes) &&
-           t.strides().equals(strides) && t.requires_grad() == requires_grad && t.key_set() == keys;
+    return t.defined() && t.key_set() == keys && t.scalar_type() == dtype && t.device() == device &&
+           t.sizes().equals(sizes) && t.strides().equals(strides) && t.requires_grad() == requires_grad;
   }
 };
 
