@@ -4,10 +4,10 @@
 A lane's Python compares the call's tensors with one C++ guard, reads ten addresses, allocates the
 output and hands 80-odd arguments to Triton's C launcher, which parses them all again: about 6
 microseconds above the launch alone back to back on an H100's host, 10 or more inside a decode
-step, where the code between two layers' calls leaves the host's caches cold. A compiled lane keeps the kernel's parameters
-packed as the CUDA driver reads them, so a call checks the layouts of its nine tensors, allocates
-the output, writes the addresses into their slots and calls ``cuLaunchKernelEx``: one C++ call
-from the caller's Python.
+step, where the code between two layers' calls leaves the host's caches cold. A compiled lane
+keeps the kernel's parameters packed as the CUDA driver reads them, so a call checks the layouts
+of its nine tensors, allocates the output, writes the addresses into their slots and calls
+``cuLaunchKernelEx``: one C++ call from the caller's Python.
 
 The extension is built with torch's C++ extension builder on first use (about 10 to 20 seconds,
 once per machine and torch version; torch keeps the build, ``TORCH_EXTENSIONS_DIR`` says where)
