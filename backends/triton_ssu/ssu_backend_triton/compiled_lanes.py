@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import time
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence
@@ -63,7 +62,6 @@ def module():
     global _built, _failure
     if _built is not None or _failure is not None:
         return _built
-    started = time.perf_counter()
     try:
         import triton.backends.nvidia as nvidia
         from torch.utils import cpp_extension
@@ -88,7 +86,6 @@ def module():
             stacklevel=2,
         )
         return None
-    _built.build_seconds = time.perf_counter() - started
     return _built
 
 

@@ -202,7 +202,9 @@ class StepLaunches:
         What :meth:`__call__` works out per call is worked out here once: the form, the kept
         launch, the addresses of the slots, scales and fault record. A call through the lane
         compares its tensors with one C++ guard and reads their addresses: the host time left is
-        that, the output's allocation and the launcher's own. Its ``softplus`` is this call's
+        that, the output's allocation and the launcher's own. Where the step's lanes are compiled
+        (``compiled``), the lane is one C++ call doing all of that (:meth:`_compiled_lane`), and
+        this Python lane serves only where none can be made. Its ``softplus`` is this call's
         ``dt_softplus``."""
         if _current_device is None or _raw_stream is None or write is not read or cursor is not None:
             return None
@@ -226,6 +228,17 @@ class StepLaunches:
         if (p_slots | p_seed | p_rscale | p_wscale) & 15:
             return None
         p_faults = self.faults_ptr
+        holds = (slots,) if cache is not None else (read, slots, scales)  # not the cache: the lane steps any copy
+        if self.compiled and types is not None and (read.device.type != "cuda" or read.device.index == device):
+            # fmt: off
+            pointers = (0, 0, p_slots, 0, 0, 0, 0, 0, p_slots, p_slots, 0, 0, 0, 0, p_seed, p_faults, p_rscale,
+                        p_wscale)
+            # fmt: on
+            references = (read if cache is None else cache, x, dt, A, B, C, D, z, dt_bias)
+            bound_to = read if cache is None else None  # a cache lane takes the tensor to step per call
+            lane = self._compiled_lane(kept, pointers, references, dt_softplus, bound_to, holds)
+            if lane is not None:
+                return lane
         no_D, no_z, no_bias = D is None, z is None, dt_bias is None
         given = [i for i, t in enumerate((x, dt, A, B, C, D, z, dt_bias)) if t is not None]
         pick = operator.itemgetter(*given)
@@ -268,23 +281,6 @@ class StepLaunches:
             # fmt: on
             return out
 
-        holds = (slots,) if cache is not None else (read, slots, scales)  # not the cache: the lane steps any copy
-        if self.compiled and types is not None and (read.device.type != "cuda" or read.device.index == device):
-            # fmt: off
-            pointers = (0, 0, p_slots, 0, 0, 0, 0, 0, p_slots, p_slots, 0, 0, 0, 0, p_seed, p_faults, p_rscale,
-                        p_wscale)
-            # fmt: on
-            lane = self._compiled_lane(
-                types,
-                kept,
-                pointers,
-                (read if cache is None else cache, x, dt, A, B, C, D, z, dt_bias),
-                dt_softplus,
-                None if cache is not None else read,
-                holds,
-            )  # fmt: skip
-            if lane is not None:
-                return lane
         if cache is not None:
             run.holds = holds  # the tensors whose addresses it launches with
             return run
@@ -292,14 +288,14 @@ class StepLaunches:
         bound.holds = holds
         return bound
 
-    def _compiled_lane(self, types, kept, pointers, references, softplus, target, holds):
+    def _compiled_lane(self, kept, pointers, references, softplus, target, holds):
         """The lane of :meth:`lane` compiled to one C++ call (:mod:`compiled_lanes`), or None where
         it makes none (then the Python lane serves): the kept launch's arguments packed once, the
         addresses of the call's tensors and output written into their slots per call."""
         lib = compiled_lanes.module()
         if lib is None:
             return None
-        fixed, (gx, gy, gz), tail = kept[1], kept[2:5], kept[5]
+        _, fixed, gx, gy, gz, tail, types = kept
         function, cooperative, pdl, _, _, metadata = fixed[:6]
         packed = compiled_lanes.pack(types, (*pointers, *tail))
         if packed is None:

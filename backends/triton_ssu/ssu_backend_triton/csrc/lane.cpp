@@ -156,8 +156,10 @@ PyObject* lane_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
       if (s.error_string == nullptr || s.error_string(result, &text) != CUDA_SUCCESS || text == nullptr) {
         text = "no description";
       }
-      PyErr_Format(PyExc_RuntimeError, "the triton step's launch failed: CUDA error %d (%s)", static_cast<int>(result),
-                   text);
+      PyErr_Format(PyExc_RuntimeError,
+                   "the triton step's launch failed: CUDA error %d (%s); CUDA_LAUNCH_BLOCKING=1 shows which call "
+                   "failed, and compiled_lanes = false in [ssu.backends.triton] launches it through Triton instead",
+                   static_cast<int>(result), text);
       return nullptr;
     }
     return THPVariable_Wrap(std::move(out));
