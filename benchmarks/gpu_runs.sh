@@ -56,8 +56,8 @@ for stage in "$@"; do
     bench-replay) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,256,512,1024}" \
       --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-replay.log" | tail -70 ;;
-    bench-replay-t4) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches 1,8,32,128,512 \
-      --backends "${BENCH_BACKENDS:-triton,triton-replay}" --out "$OUT/bench-replay-t4" 2>&1 | grep --line-buffered -v '^\[ssu' \
+    bench-replay-t4) timeout 560 python3 -m ssu bench --state-dtype fp32,bf16 --tokens 4 --batches "${BENCH_BATCHES:-1,8,32,128,512}" \
+      --backends "${BENCH_BACKENDS:-triton,triton-replay}" ${BENCH_ARGS:-} --out "$OUT/bench-replay-t4" 2>&1 | grep --line-buffered -v '^\[ssu' \
       | tee "$OUT/bench-replay-t4.log" | tail -40 ;;
     probe) timeout 300 python3 benchmarks/replay_probe.py --state-dtype fp32,bf16 --batches 1024 \
       --plans 8:1:8:4,8:1:8:4:4,8:1:8:4:16 --regimes ring,mixed,flush 2>&1 | tee "$OUT/probe.log" ;;
