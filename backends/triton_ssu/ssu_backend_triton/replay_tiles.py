@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import int8_to_float, quantized_rows, rounded_state, softplus_dt
+from .tiles import gated, int8_to_float, quantized_rows, rounded_state, softplus_dt
 
 
 @triton.jit
@@ -103,8 +103,7 @@ def ring_tiles(
             y = decay0 * tl.sum(s0 * C_tok[None, :], axis=1) + tl.sum(X * w0[None, :], axis=1)
             if has_d:
                 y += d_skip * tl.sum(tl.where(offs_m[None, :] == k, X, 0.0), axis=1)
-            if has_z:
-                y = y * zv * tl.sigmoid(zv)
+            y = gated(y, zv, has_z)
         else:  # every token's output at once, (BLOCK_P, TP): the checkpoint's part per token, the ring's in one product
             Yc = tl.zeros((BLOCK_P, TP), dtype=tl.float32)
             for t in tl.static_range(T):
@@ -181,7 +180,7 @@ def store_token_output(y, z_base, o_base, offs_p, z_p, o_p, mask_p, has_z):
     """Store a tile's output of one token, (rows,) in fp32, gated by z where given."""
     if has_z:
         zv = tl.load(z_base + offs_p * z_p, mask=mask_p, other=0.0).to(tl.float32)
-        y = y * zv * tl.sigmoid(zv)
+        y = gated(y, zv, has_z)
     tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
 
 
@@ -190,7 +189,7 @@ def store_token_outputs(Y, z_base, o_base, offs_t, offs_p, z_t, z_p, o_t, o_p, m
     """Store a tile's outputs of every token, (rows, tokens) in fp32, gated by z where given."""
     if has_z:
         Z = tl.load(z_base + offs_t[None, :] * z_t + offs_p[:, None] * z_p, mask=mask, other=0.0).to(tl.float32)
-        Y = Y * Z * tl.sigmoid(Z)
+        Y = gated(Y, Z, has_z)
     tl.store(o_base + offs_t[None, :] * o_t + offs_p[:, None] * o_p, Y.to(o_base.dtype.element_ty), mask=mask)
 
 
@@ -295,8 +294,7 @@ def write_through_tiles(
             s = tl.fma(s, tl.exp(tl.load(a_base + r)), (d_j * x_j)[:, None] * B_j[None, :])
         s = tl.fma(s, decay, (d * x)[:, None] * Bv[None, :])
         y = tl.sum(s * Cv[None, :], axis=1) + d_skip * x
-        if has_z:
-            y = y * zv * tl.sigmoid(zv)
+        y = gated(y, zv, has_z)
         tl.store(o_base + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
         store_checkpoint(
             s, write_base, wscale_base, tile, offs_p, offs_n, write_p[:, None] & mask_n[None, :], write_p, seed,
@@ -420,8 +418,7 @@ def stepwise_tiles(
             x = xs[t].to(tl.float32)
             s = tl.fma(s, tl.exp(a_head * ds[t]), (ds[t] * x)[:, None] * Bs[t].to(tl.float32)[None, :])
             y = tl.sum(s * Cs[t][None, :], axis=1) + d_skip * x
-            if has_z:
-                y = y * zs[t] * tl.sigmoid(zs[t])
+            y = gated(y, zs[t], has_z)
             tl.store(o_base + t * o_t + offs_p * o_p, y.to(o_base.dtype.element_ty), mask=mask_p)
             if append:
                 tl.store(xr_base + ((start + k + t) % RING) * P + offs_p, xs[t], mask=mask_p)

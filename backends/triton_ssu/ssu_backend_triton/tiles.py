@@ -39,6 +39,15 @@ def softplus_dt(d, softplus):
 
 
 @triton.jit
+def gated(y, zv, has_z):
+    """Outputs ``y`` times the gate ``z * sigmoid(z)`` of their rows' ``zv`` where z is given
+    (``has_z``), else ``y`` as it is."""
+    if has_z:
+        y = y * zv * tl.sigmoid(zv)
+    return y
+
+
+@triton.jit
 def rounded_state(
     s, dtype_ptr, seed, element, offs_p, offs_n, N: tl.constexpr, STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr
 ):
@@ -366,8 +375,7 @@ def update_rows(
             y = tl.sum(s * Cv[None, :], axis=1)
         if has_d:
             y += d_skip * x
-        if has_z:
-            y = y * zv * tl.sigmoid(zv)
+        y = gated(y, zv, has_z)
         if t + 1 < T:
             d, x, zv, Bv, Cv = token_inputs(
                 x_ptr,
