@@ -92,3 +92,22 @@ def small_problem(**overrides) -> ssu.Problem:
     )
     fields.update(overrides)
     return ssu.Problem(**fields)
+
+
+def gpu_only_backend():
+    """An in-process backend (``ssu.register_backend``) named ``gpu-only`` that adopts engine caches
+    and serves CUDA devices only: every CPU problem is refused."""
+    import types
+
+    from ssu.reference.math import make_step
+    from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
+
+    def ssu_backend():
+        return ssu.BackendSpec(name="gpu-only", api_version=ssu.PLUGIN_API_VERSION, factory=make_step,
+                               capabilities=ssu.Capabilities(devices={"cuda"}, adopt_state=True))  # fmt: skip
+
+    module = types.ModuleType("gpu_only_backend")
+    module.ssu_backend = ssu.hookimpl(ssu_backend)
+    for hook in (ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state):
+        setattr(module, hook.__name__, hook)
+    return module

@@ -1,7 +1,10 @@
 """The engine plugins' own logic against stand-ins of the engines' SSU dispatch modules (the real
 engines, installed in virtual environments of their own, are driven by tests/engines/): inert
 without an ssu configuration, every registry entry routed with one, each call through the drop-in
-on the engine's cache, one log line per kernel naming its backend."""
+on the engine's cache, one log line per kernel naming its backend; a wrong configuration refused
+where the plugin loads; the calls ssu does not serve (a Mamba-1 layer's, a problem no configured
+backend accepts) passed to the engine's own backend with the same arguments, said once; and
+``SSU_CHECK`` comparing each served call with the float64 oracle."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import ssu
 from ssu import oracle
 from ssu.integrations import sglang as sglang_plugin
 from ssu.integrations import vllm as vllm_plugin
+
+from fakes import gpu_only_backend
 
 
 def _module(name, **values):
@@ -35,7 +40,13 @@ class _Base(ABC):
 
 
 class _Own(_Base):
+    """An engine's own backend: records each call."""
+
     name = "engine's own"
+    calls: list = []
+
+    def __call__(self, *args, **kwargs):
+        _Own.calls.append((args, kwargs))
 
 
 @pytest.fixture
@@ -49,8 +60,35 @@ def vllm_dispatch(monkeypatch):
         monkeypatch.setitem(sys.modules, name, _module(name))
     monkeypatch.setattr(sys.modules["vllm.model_executor.layers.mamba.ops"], "ssu_dispatch", dispatch, raising=False)
     monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.mamba.ops.ssu_dispatch", dispatch)
+    _Own.calls = []
     yield dispatch
     vllm_plugin.unregister()
+    ssu.dropin.clear()
+
+
+@pytest.fixture
+def sglang_dispatch(monkeypatch):
+    """A stand-in for sglang.kernels.ops.mamba.triton_ops.ssu_dispatch and SGLang's hook registry:
+    the dispatch's base class and backend, the registry's hooks by target."""
+    dispatch = _module("ssu_dispatch", MambaSSUBackend=_Base, _mamba_ssu_backend=_Own())
+    hooks = {}
+    registry = types.SimpleNamespace(register=lambda target, hook, kind: hooks.setdefault(target, []).append(hook))
+    modules = {
+        "sglang.kernels.ops.mamba.triton_ops": _module("triton_ops", ssu_dispatch=dispatch),
+        "sglang.kernels.ops.mamba.triton_ops.ssu_dispatch": dispatch,
+        "sglang.srt.plugins.hook_registry": _module(
+            "hook_registry", HookRegistry=registry, HookType=types.SimpleNamespace(AROUND="around")
+        ),
+    }
+    for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.mamba", "sglang.srt",
+                 "sglang.srt.plugins"):  # fmt: skip
+        modules.setdefault(name, _module(name))
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    _Own.calls = []
+    dispatch.hooks = hooks
+    yield dispatch
+    sglang_plugin.unregister()
     ssu.dropin.clear()
 
 
@@ -78,8 +116,10 @@ def test_vllm_calls_are_routed_through_ssu(vllm_dispatch, monkeypatch, tmp_path,
     monkeypatch.setenv("SSU_BACKEND", "reference")
     vllm_plugin.register()
     registry = vllm_dispatch._BACKEND_REGISTRY
-    assert set(registry.values()) == {vllm_plugin.serving()} and registry["triton"]().name == "ssu"
+    assert all(cls.routes_to_ssu and cls.replaces is _Own for cls in registry.values())
+    assert [cls.replaces_name for cls in registry.values()] == ["triton", "cpu"]
     backend = registry["triton"]("mamba config")
+    assert backend.name == "ssu"
     gen = torch.Generator().manual_seed(0)
     cache = torch.randn(8, 4, 8, 16, generator=gen)
     before = cache.clone()
@@ -99,3 +139,184 @@ def test_vllm_calls_are_routed_through_ssu(vllm_dispatch, monkeypatch, tmp_path,
     assert len(opened) == 1 and "backend 'reference'" in opened[0] and "environment SSU_BACKEND" in opened[0]
     vllm_plugin.unregister()
     assert vllm_dispatch._BACKEND_REGISTRY == {"triton": _Own, "cpu": _Own} and not ssu.dropin.on_open
+
+
+def _mamba1(gen, slots=8, dim=16, N=4, batch=3):
+    """A Mamba-1 layer's decode call as vLLM's MambaMixer makes it: state (slots, dim, N), inputs
+    (batch, dim), A (dim, N) full rank, D and dt_bias (dim,)."""
+    return dict(
+        state=torch.randn(slots, dim, N, generator=gen),
+        x=torch.randn(batch, dim, generator=gen),
+        dt=torch.randn(batch, dim, generator=gen),
+        A=-torch.rand(dim, N, generator=gen) - 1,
+        B=torch.randn(batch, N, generator=gen),
+        C=torch.randn(batch, N, generator=gen),
+        D=torch.randn(dim, generator=gen),
+        dt_bias=torch.rand(dim, generator=gen),
+    )
+
+
+def _mamba2(gen, batch=3):
+    x, dt = torch.randn(batch, 4, 8, generator=gen), torch.randn(batch, 4, generator=gen)
+    B, C = torch.randn(batch, 2, 16, generator=gen), torch.randn(batch, 2, 16, generator=gen)
+    return dict(x=x, dt=dt, A=-torch.rand(4, generator=gen) - 1, B=B, C=C, D=torch.randn(4, generator=gen),
+                dt_bias=torch.rand(4, generator=gen))  # fmt: skip
+
+
+def _passes(caplog, engine):
+    return [r.getMessage() for r in caplog.records if f"ssu passes {engine}'s" in r.getMessage()]
+
+
+def test_a_mamba1_layers_calls_go_to_vllms_own_backend(vllm_dispatch, monkeypatch, tmp_path, caplog, gen):
+    """vLLM's MambaMixer shares the dispatch: its calls reach vLLM's backend the ssu class stands in
+    for, with the same arguments, while the Mamba2 calls of the same process stay with ssu; said once."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "reference")
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    call = _mamba1(gen)
+    state, before = call["state"], call["state"].clone()
+    table = torch.tensor([[5], [0], [2]], dtype=torch.int32)
+    out = torch.empty_like(call["x"])
+    with caplog.at_level(logging.INFO, logger="vllm.ssu"):
+        for _ in range(3):
+            backend(**call, z=None, dt_softplus=True, state_batch_indices=table, dst_state_batch_indices=table, out=out)
+    assert torch.equal(state, before) and len(_Own.calls) == 3
+    args, kwargs = _Own.calls[0]
+    assert args[0] is state and args[3] is call["A"] and kwargs["state_batch_indices"] is table and kwargs["out"] is out
+    assert kwargs["null_block_id"] == 0 and kwargs["dt_softplus"] is True and kwargs["num_accepted_tokens"] is None
+    passed = _passes(caplog, "vLLM")
+    assert len(passed) == 1 and "to vLLM's own 'cpu' backend" in passed[0] and "Mamba-1" in passed[0], passed
+    cache = torch.randn(8, 4, 8, 16, generator=gen)
+    backend(cache, **_mamba2(gen), state_batch_indices=table, dst_state_batch_indices=table, out=torch.empty(3, 4, 8))
+    assert len(_Own.calls) == 3
+
+
+def test_a_mamba1_layers_calls_go_to_sglangs_own_backend(sglang_dispatch, monkeypatch, tmp_path, caplog, gen):
+    """SGLang's mamba1.py maps its layer onto the Mamba2 signature with one channel a head (P = 1)
+    and A (dim, 1, N), which varies along N: not served, passed to SGLang's backend."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "reference")
+    sglang_plugin.register()
+    (hook,) = sglang_dispatch.hooks[sglang_plugin.TARGET]
+    own = sglang_dispatch._mamba_ssu_backend
+    hook(lambda server_args: None, "server args")
+    backend = sglang_dispatch._mamba_ssu_backend
+    assert backend.name == "ssu" and backend.replaces is own
+    m = _mamba1(gen)
+    state = m["state"][:, :, None, :].contiguous()
+    before = state.clone()
+    slots = torch.tensor([5, -1, 2], dtype=torch.int32)
+    out = torch.empty(3, 16, 1)
+    with caplog.at_level(logging.INFO, logger="sglang.ssu"):
+        for _ in range(2):
+            backend(state, m["x"][..., None], m["dt"][..., None], m["A"][:, None, :], m["B"][:, None], m["C"][:, None],
+                    m["D"][:, None], z=None, dt_bias=torch.zeros(16, 1), dt_softplus=True, state_batch_indices=slots,
+                    out=out)  # fmt: skip
+    assert torch.equal(state, before) and len(_Own.calls) == 2
+    args, kwargs = _Own.calls[0]
+    assert args[0] is state and kwargs["state_batch_indices"] is slots and kwargs["pad_slot_id"] == -1
+    passed = _passes(caplog, "SGLang")
+    assert len(passed) == 1 and "A: varies along" in passed[0] and "to SGLang's own" in passed[0], passed
+
+
+def test_a_problem_no_configured_backend_serves_goes_to_the_engines_backend(
+    vllm_dispatch, monkeypatch, tmp_path, caplog, gen
+):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "gpu-only")
+    name = ssu.register_backend(gpu_only_backend())
+    try:
+        vllm_plugin.register()
+        backend = vllm_dispatch._BACKEND_REGISTRY["triton"]("mamba config")
+        table = torch.tensor([[1], [2], [3]], dtype=torch.int32)
+        caches = [torch.randn(8, 4, 8, 16, generator=gen) for _ in range(2)]
+        with caplog.at_level(logging.INFO, logger="vllm.ssu"):
+            for cache in caches + caches:
+                backend(cache, **_mamba2(gen), state_batch_indices=table, dst_state_batch_indices=table)
+    finally:
+        ssu.default_registry().unregister(name)
+    assert len(_Own.calls) == 4
+    passed = _passes(caplog, "vLLM")
+    assert len(passed) == 1 and "gpu-only" in passed[0] and "cpu" in passed[0], passed
+
+
+def test_a_typo_in_the_backend_name_stops_vllm_where_it_loads_the_plugin(vllm_dispatch, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "refrence")
+    with pytest.raises(ssu.UnknownBackendError, match=r"^SSU_BACKEND: unknown backend 'refrence'.*'reference'"):
+        vllm_plugin.register()
+    assert vllm_dispatch._BACKEND_REGISTRY == {"triton": _Own, "cpu": _Own}
+
+
+@pytest.mark.parametrize(
+    "backend, why",
+    [("triton-replay", "keeps state beside the engine's cache"), ("flashinfer-replayssm", "does not step an engine")],
+)
+def test_a_backend_that_cannot_step_an_engines_cache_is_refused_at_startup(
+    vllm_dispatch, monkeypatch, tmp_path, backend, why
+):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ssu.toml").write_text(f'[ssu]\nbackend = ["{backend}", "reference"]\n')
+    with pytest.raises(ssu.BackendError, match=rf"ssu.toml: backend: backend '{backend}' {why}.*name one of those"):
+        vllm_plugin.register()
+
+
+def test_sglang_stops_where_it_initialises_its_ssu_backend(sglang_dispatch, monkeypatch, tmp_path, caplog):
+    """SGLang's plugin loader catches a plugin's error: the plugin logs it and makes SGLang's own
+    initialisation raise it, before SGLang serves."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "nonexistent")
+    with caplog.at_level(logging.ERROR, logger="sglang.ssu"):
+        sglang_plugin.register()
+    assert any("unknown backend 'nonexistent'" in r.getMessage() for r in caplog.records)
+    (hook,) = sglang_dispatch.hooks[sglang_plugin.TARGET]
+    with pytest.raises(ssu.UnknownBackendError, match="^SSU_BACKEND: unknown backend 'nonexistent'"):
+        hook(lambda server_args: None, "server args")
+    assert sglang_dispatch._mamba_ssu_backend.name == "engine's own"
+
+
+def test_ssu_check_compares_every_served_call_with_the_oracle(vllm_dispatch, monkeypatch, tmp_path, caplog, gen):
+    """SSU_CHECK=PATH: a JSON line per call, the packed call's accepted counts among it; a call that
+    breaks the math is flagged and logged."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "reference")
+    monkeypatch.setenv("SSU_CHECK", str(tmp_path / "checks.jsonl"))
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    cache = torch.randn(16, 4, 8, 16, generator=gen)
+    A = (-torch.rand(4, generator=gen) - 1)[:, None, None].expand(4, 8, 16)
+    D, bias = torch.randn(4, generator=gen)[:, None].expand(4, 8), torch.rand(4, generator=gen)[:, None].expand(4, 8)
+    call = _mamba2(gen)
+    call.update(A=A, D=D, dt_bias=bias, dt=call["dt"][..., None].expand(3, 4, 8))
+    table = torch.tensor([[5], [0], [2]], dtype=torch.int32)
+    backend(cache, **call, dt_softplus=True, state_batch_indices=table, dst_state_batch_indices=table,
+            out=torch.empty(3, 4, 8))  # fmt: skip
+    packed = _mamba2(gen, batch=5)
+    packed.update(A=A, D=D, dt_bias=bias)
+    tables = torch.tensor([[1, 2, 3], [4, 6, 7], [8, 9, 10]], dtype=torch.int32)
+    backend(cache, **packed, dt_softplus=True, state_batch_indices=tables, dst_state_batch_indices=tables,
+            out=torch.empty(5, 4, 8), num_accepted_tokens=torch.tensor([1, 3, 2], dtype=torch.int32),
+            cu_seqlens=torch.tensor([0, 2, 3, 5], dtype=torch.int32))  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "checks.jsonl").read_text().splitlines()]
+    assert [(r["form"], r["engine"], r["ok"]) for r in records] == [("step", "vLLM", True), ("packed", "vLLM", True)]
+    assert records[1]["accepted"] == [1, 3, 2] and max(records[1]["out"], records[1]["cache"]) < 1e-6
+
+    right = ssu.dropin.selective_state_update
+
+    def wrong(state, *args, **kwargs):  # a backend that forgets D
+        args = list(args)
+        args[5] = None
+        return right(state, *args, **kwargs)
+
+    vllm_plugin.unregister()
+    monkeypatch.setattr(ssu.dropin, "selective_state_update", wrong)
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    with caplog.at_level(logging.WARNING, logger="vllm.ssu"):
+        backend(cache, **call, dt_softplus=True, state_batch_indices=table, dst_state_batch_indices=table,
+                out=torch.empty(3, 4, 8))  # fmt: skip
+    assert not json.loads((tmp_path / "checks.jsonl").read_text().splitlines()[-1])["ok"]
+    assert any("outside the error budgets" in r.getMessage() for r in caplog.records)

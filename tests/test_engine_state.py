@@ -14,7 +14,7 @@ import ssu
 from ssu import oracle
 from ssu.harness import compare_with_reference, engine_cache
 
-from fakes import small_problem
+from fakes import gpu_only_backend, small_problem
 
 H, P, N, G = 4, 8, 16, 2
 
@@ -268,6 +268,51 @@ def test_dropin_refuses_what_it_cannot_serve(gen):
     with pytest.raises(ssu.InputError, match=r"^x: fp64 is not an input dtype"):
         ssu.selective_state_update(fresh, **dict(mamba2_call(2, gen, tied=True), x=torch.randn(2, H, P).double()))
     assert torch.equal(cache, before)
+
+
+def test_a_mamba1_layers_call_is_not_served_and_opens_nothing(gen):
+    """Mamba-1 shapes (vLLM's MambaMixer) and Mamba-1 parameters on Mamba2 shapes (SGLang's mamba1.py:
+    one channel a head, A (dim, 1, N)) raise NotServedError before a kernel is opened or anything
+    written: an engine plugin passes them on."""
+    dim, slots = 12, torch.tensor([2, 0], dtype=torch.int32)
+    state = torch.randn(4, dim, N, generator=gen)
+    calls = {
+        "vLLM": (state, torch.randn(2, dim), torch.randn(2, dim), -torch.rand(dim, N) - 1, torch.randn(2, N),
+                 torch.randn(2, N)),
+        "SGLang": (state[:, :, None].clone(), torch.randn(2, dim, 1), torch.randn(2, dim, 1),
+                   (-torch.rand(dim, N) - 1)[:, None], torch.randn(2, 1, N), torch.randn(2, 1, N)),
+    }  # fmt: skip
+    for engine, (cache, x, dt, A, B, C) in calls.items():
+        before = cache.clone()
+        with pytest.raises(ssu.NotServedError, match="Mamba-1"):
+            ssu.selective_state_update(cache, x, dt, A, B, C, dt_softplus=True, state_batch_indices=slots)
+        assert torch.equal(cache, before) and not ssu.dropin._kernels, engine
+    assert issubclass(ssu.NotServedError, ssu.InputError)
+
+
+def test_a_problem_no_backend_serves_is_refused_once(gen, monkeypatch):
+    """The refusal is remembered per problem: the next cache tensor of that problem is refused
+    without resolving again."""
+    from ssu import kernel as kernel_module
+
+    opened = []
+    real = kernel_module.open_kernel
+
+    def counting(config, problem, **kwargs):
+        opened.append(problem)
+        return real(config, problem, **kwargs)
+
+    monkeypatch.setattr(kernel_module, "open_kernel", counting)
+    config = ssu.Config(backend="gpu-only")
+    name = ssu.register_backend(gpu_only_backend())
+    try:
+        for _ in range(2):
+            cache = torch.randn(4, H, P, N, generator=gen)
+            with pytest.raises(ssu.BackendUnavailableError, match="gpu-only"):
+                ssu.selective_state_update(cache, **mamba2_call(2, gen, tied=True), config=config)
+    finally:
+        ssu.default_registry().unregister(name)
+    assert len(opened) == 1
 
 
 def test_dropin_forgets_a_cache_the_engine_dropped(gen):

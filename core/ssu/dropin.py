@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
-from .errors import BackendError, InputError
+from .errors import BackendUnavailableError, InputError, NotServedError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -67,6 +67,9 @@ class _Adopted:
 _configs: dict = {}  # id(config) -> the Config used (None: the loaded one)
 _kernels: dict = {}  # (problem fields but the batch, id(config)) -> Kernel
 _adopted: dict = {}  # (id(state), id(config)[, engine call form]) -> _Adopted
+#: (problem fields but the batch, id(config), batch bucket, tokens) -> why no configured backend
+#: serves that problem: its next tensor is refused without resolving again
+_declined: dict = {}
 _rows: dict = {}  # (batch, device string) -> arange(batch): the slots of a call without state_batch_indices
 #: (id(config), pad_slot_id) -> the kernels' cache lanes (``Kernel.cache_lane``), most recent first:
 #: each serves any tensor of its layout, adopted or not (a copy a model makes of its cache per step)
@@ -84,6 +87,7 @@ def clear() -> None:
     _configs.clear()
     _kernels.clear()
     _adopted.clear()
+    _declined.clear()
     _rows.clear()
     _lanes.clear()
     _lane_owners.clear()
@@ -179,7 +183,7 @@ def after_cache_lanes(
     entry = _adopted.get((id(state), id(config)))
     b = x.shape[0]
     if entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id:
-        entry = _prepare(state, x, B, pad_slot_id, config)
+        entry = _prepare(state, x, B, pad_slot_id, config, params=(dt, A, D, dt_bias))
     if plain:
         for lane in entry.lanes:
             y = lane(x, dt, A, B, C, D, z, dt_bias, dt_softplus)
@@ -275,11 +279,18 @@ _DIMS = {
 }
 
 
-def _prepare(state, x, B, pad_slot_id: int, config, form: str = "step", tokens: int = 1, batch=None) -> _Adopted:
+def _prepare(
+    state, x, B, pad_slot_id: int, config, form: str = "step", tokens: int = 1, batch=None, params=None
+) -> _Adopted:
     """The slow path: the problem of this call, its kernel (opened and warmed up once), and
     ``state`` adopted by it. ``form``: the call form (``"step"``; ``"packed"``, ``"verify"`` or
     ``"tree"`` for the engines' calls, :mod:`ssu.dropin_engines`), ``tokens`` the most tokens a
-    sequence of it carries, ``batch`` its sequences (default: x's first dimension)."""
+    sequence of it carries, ``batch`` its sequences (default: x's first dimension), ``params`` the
+    call's ``(dt, A, D, dt_bias)``.
+
+    A call ssu does not serve raises before anything is written: :class:`~ssu.NotServedError` for
+    a Mamba-1 layer's shapes or parameters, :class:`~ssu.BackendUnavailableError` for a problem no
+    configured backend serves (remembered: the next tensor of that problem is refused at once)."""
     import torch
 
     from .kernel import open_kernel
@@ -288,10 +299,13 @@ def _prepare(state, x, B, pad_slot_id: int, config, form: str = "step", tokens: 
     for name, t, dims in (("state", state, "(num_slots, H, P, N)"), ("x", x, x_dims), ("B", B, B_dims)):
         if not isinstance(t, torch.Tensor) or t.dim() != len(dims.split(",")):
             got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(
+            error = NotServedError if isinstance(t, torch.Tensor) else InputError
+            raise error(
                 f"{name}: expected a tensor {dims} ({what}; a Mamba-1 layer's (batch, dim) inputs are not served), "
                 f"got {got}"
             )
+    if params is not None:
+        _refuse_untied(state, x, *params)
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
         raise InputError(f"pad_slot_id: expected an integer, got {pad_slot_id!r}")
     from .dtypes import QUANTIZED_STATE_DTYPES
@@ -323,9 +337,17 @@ def _prepare(state, x, B, pad_slot_id: int, config, form: str = "step", tokens: 
     if kernel is None or b > kernel.problem.max_batch or tokens > kernel.problem.tokens_per_step:
         batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
         T = max(tokens, 1 if kernel is None else kernel.problem.tokens_per_step)
-        kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), 1 << (batch - 1).bit_length()))
+        bucket = 1 << (batch - 1).bit_length()
+        declined = (key, bucket, T)
+        if declined in _declined:
+            raise _declined[declined]
+        try:
+            kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), bucket))
+        except BackendUnavailableError as exc:
+            _declined[declined] = exc
+            raise
         if kernel.needs_sync:
-            raise BackendError(
+            raise BackendUnavailableError(
                 f"backend {kernel.backend!r} keeps state beside the engine's cache (its tensor is current "
                 "only after kernel.sync), and the engine's own writes to that cache (a prefill) would not "
                 "reach it: the drop-in call serves backends whose steps keep the engine's tensor current "
@@ -363,6 +385,33 @@ _ARGUMENT_OF = {
     "num_slots": "state",
     "tokens_per_step": "state_batch_indices",
 }
+
+
+def _refuse_untied(state, x, dt, A, D, dt_bias) -> None:
+    """Raise :class:`~ssu.NotServedError` where a per-head parameter varies along P or N: a
+    Mamba-1 layer's A (dim, N), passed as (H, P, N) with its own value per row or column, or its D,
+    dt_bias and dt per channel. Mamba2 passes them per head or expanded with stride 0."""
+    import torch
+
+    P = state.shape[2]
+    expanded = (
+        ("A", A, 1),
+        ("D", D, 1),
+        ("dt_bias", dt_bias, 1),
+        ("dt", dt, x.dim() - 1 if isinstance(x, torch.Tensor) else 0),
+    )
+    for name, t, lead in expanded:
+        if not isinstance(t, torch.Tensor) or t.dim() <= lead or (name == "dt" and t.dim() != x.dim()):
+            continue
+        along = tuple(st for st, size in zip(t.stride()[lead:], t.shape[lead:]) if size > 1)
+        if name != "A" and t.shape[-1] != P:
+            continue
+        if any(along):
+            raise NotServedError(
+                f"{name}: varies along its last {t.dim() - lead} dimension(s) (shape {tuple(t.shape)}, strides "
+                f"{tuple(t.stride())}): ssu serves Mamba2's per-head {name}, or its expansion with stride 0; a "
+                "Mamba-1 layer's untied parameters are not served"
+            )
 
 
 def _problem(fields: dict, max_batch: int):

@@ -35,6 +35,30 @@ SGLANG_ARGUMENTS = (
 )
 
 
+def call_form(
+    x: "Tensor",
+    state_batch_indices: Optional["Tensor"] = None,
+    *,
+    num_accepted_tokens: Optional["Tensor"] = None,
+    cu_seqlens: Optional["Tensor"] = None,
+    disable_state_update: bool = False,
+    intermediate_states_buffer: Optional["Tensor"] = None,
+    retrieve_parent_token: Optional["Tensor"] = None,
+) -> str:
+    """The form the drop-in serves a call as: ``"step"`` (one token a sequence, vLLM's (N, 1)
+    tables included), ``"packed"`` (vLLM's speculative call), ``"verify"`` or ``"tree"`` (SGLang's,
+    with parent tokens): for an engine plugin that remembers per form which calls it passes on."""
+    if retrieve_parent_token is not None:
+        return "tree"
+    if disable_state_update or intermediate_states_buffer is not None or x.dim() == 4:
+        return "verify"
+    if num_accepted_tokens is not None or cu_seqlens is not None:
+        return "packed"
+    if state_batch_indices is not None and state_batch_indices.dim() == 2 and state_batch_indices.shape[1] != 1:
+        return "packed"
+    return "step"
+
+
 def engine_call(
     state: "Tensor",
     x: "Tensor",
@@ -105,8 +129,9 @@ def _pad_id(pad_slot_id: int, null_block_id: Optional[int]) -> int:
     return null_block_id
 
 
-def _entry(state, x, B, pad: int, config, form: str, tokens: int, batch: int):
-    """The adopted entry of ``state`` for ``form``, prepared (kernel opened, cache adopted) as needed."""
+def _entry(state, x, B, pad: int, config, form: str, tokens: int, batch: int, params: tuple):
+    """The adopted entry of ``state`` for ``form``, prepared (kernel opened, cache adopted) as needed;
+    ``params`` the call's ``(dt, A, D, dt_bias)``."""
     from . import dropin
 
     entry = dropin._adopted.get((id(state), id(config), form))
@@ -117,7 +142,7 @@ def _entry(state, x, B, pad: int, config, form: str, tokens: int, batch: int):
         or tokens > entry.kernel.problem.tokens_per_step
         or entry.pad_slot_id != pad
     ):
-        entry = dropin._prepare(state, x, B, pad, config, form=form, tokens=tokens, batch=batch)
+        entry = dropin._prepare(state, x, B, pad, config, form=form, tokens=tokens, batch=batch, params=params)
     return entry
 
 
@@ -144,13 +169,13 @@ def _packed(
         got = f"shape {tuple(dst.shape)}" if isinstance(dst, torch.Tensor) else type(dst).__name__
         raise InputError(f"dst_state_batch_indices: expected an (N, W) table like state_batch_indices, got {got}")
     W = slots.shape[1]
-    if num_accepted is None and cu_seqlens is None and W == 1 and x.dim() == 3:  # a plain decode call
+    if num_accepted is None and cu_seqlens is None and W == 1:  # a plain decode call
         return dropin.after_cache_lanes(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots[:, 0], None if dst is None else dst[:, 0], pad,
             out, config=config,
         )  # fmt: skip
     batch = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    entry = _entry(state, x, B, pad, config, "packed", W, max(batch, 1))
+    entry = _entry(state, x, B, pad, config, "packed", W, max(batch, 1), (dt, A, D, dt_bias))
     if dst is slots:
         dst = None
     return entry.kernel.packed_step(
@@ -187,7 +212,7 @@ def _verify(
             )
     buffer = _buffer(buffer, cache_steps, state)
     form = "tree" if parents is not None else "verify"
-    entry = _entry(state, x, B, pad, config, form, x.shape[1], x.shape[0])
+    entry = _entry(state, x, B, pad, config, form, x.shape[1], x.shape[0], (dt, A, D, dt_bias))
     y = entry.kernel.verify_step(
         entry.state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, 0, not disable_state_update, buffer,
         buffer_rows, parents,

@@ -46,6 +46,12 @@ class InputError(SSUError, ValueError):
     """A tensor passed to ``step``/``commit``/``read_state``/``write_state`` does not match the problem."""
 
 
+class NotServedError(InputError):
+    """The call is of a kind ssu does not serve: a Mamba-1 layer's (its inputs have no head
+    dimension, or its A, D or dt_bias vary along the head dimension). Raised by the drop-in call
+    before anything is written; an engine plugin sends such calls to the engine's own SSU."""
+
+
 class BackendDisabledError(BackendError):
     """The backend is installed but switched off by ``SSU_PLUGINS`` / ``SSU_DISABLE_PLUGINS``."""
 

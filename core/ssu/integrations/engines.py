@@ -1,21 +1,28 @@
 """What the engine plugins (:mod:`ssu.integrations.vllm`, :mod:`ssu.integrations.sglang`) share:
-whether this process names an ssu backend, the one line each opened kernel logs, and the call
-through the drop-in.
+whether this process names an ssu backend (checked at once), the line each opened kernel logs, and
+the calls passed to the engine's own SSU.
 
 An engine plugin does something only where the serving process names a backend: ``SSU_BACKEND``,
 or ``backend`` in ``ssu.toml`` / ``[tool.ssu]`` in its working directory. Without that the plugin
 returns at once, importing neither the engine's modules nor any backend, and the engine behaves
-exactly as without it. With it, the engine's SSU dispatch is routed through
-:func:`ssu.selective_state_update` with that configuration: each problem (shapes, dtypes, pad id,
-device; one process per tensor-parallel rank) opens, adopts the engine's cache and warms up its
-kernel at its first call, which engines make in their warmup runs before capturing CUDA graphs,
-and logs one line saying which backend serves it and why.
+exactly as without it. With it, the configuration is checked where the engine loads the plugin
+(:func:`configured`: a wrong name or option stops the engine before it serves), and the engine's
+SSU dispatch is routed through :func:`ssu.selective_state_update` with that configuration: each
+problem (shapes, dtypes, pad id, device; one process per tensor-parallel rank) opens, adopts the
+engine's cache and warms up its kernel at its first call, which engines make in their warmup runs
+before capturing CUDA graphs, and logs one line saying which backend serves it and why.
+
+A call that ssu does not serve (a Mamba-1 layer's, which shares the engine's dispatch; a problem
+no configured backend accepts) goes to the engine's own SSU backend, the one the plugin took the
+place of, with the same arguments: :class:`Passed` remembers it per cache tensor and call form,
+and logs once per problem why.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional
+import weakref
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -24,13 +31,21 @@ if TYPE_CHECKING:
 
 def configured() -> Optional["Config"]:
     """This process's ssu configuration where it names a backend (``SSU_BACKEND``, or ``backend`` in
-    the ``ssu.toml`` / ``[tool.ssu]`` of the working directory); None where it names none. A
-    configuration that names one and is wrong raises its :class:`~ssu.ConfigError`: a user who asked
-    for ssu hears why it cannot serve, rather than the engine silently running without it."""
+    the ``ssu.toml`` / ``[tool.ssu]`` of the working directory); None where it names none.
+
+    A configuration that names one is checked now (:func:`ssu.preflight.preflight` for an engine):
+    an unknown or uninstalled backend name, a broken or disabled backend, a backend that cannot step
+    an engine's cache, or a bad option raises its :class:`~ssu.SSUError`, whose message says where
+    the name came from and what to do. A user who asked for ssu hears at startup why it cannot
+    serve, rather than the engine running without it or failing at its first request."""
     from ..config import load_config
+    from ..preflight import preflight
 
     config = load_config()
-    return None if config.source == "default" else config
+    if config.source == "default":
+        return None
+    preflight(config, engine=True)
+    return config
 
 
 def announce(engine: str, logger: logging.Logger) -> "callable":
@@ -49,3 +64,56 @@ def announce(engine: str, logger: logging.Logger) -> "callable":
         logger.debug("ssu: %s", resolution.explain())
 
     return opened
+
+
+def not_served() -> tuple:
+    """The errors by which the drop-in says, before writing anything, that it does not serve a
+    call: a Mamba-1 layer's (:class:`~ssu.NotServedError`), or a problem that no configured
+    backend serves (:class:`~ssu.BackendUnavailableError`)."""
+    from ..errors import BackendUnavailableError, NotServedError
+
+    return (NotServedError, BackendUnavailableError)
+
+
+class Passed:
+    """The calls an engine plugin passes to the engine's own SSU backend: per cache tensor and call
+    form (:func:`ssu.dropin_engines.call_form`), those whose first call the drop-in did not serve.
+
+    Empty (false) while ssu serves every call, so that a plugin's hot path asks it nothing more
+    than its truth; a cache tensor that the engine drops leaves it."""
+
+    def __init__(self, engine: str, logger: logging.Logger) -> None:
+        self.engine = engine
+        self.logger = logger
+        self._tensors: dict = {}  # (id(state), form) -> weakref of state
+        self._said: set = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._tensors)
+
+    def __contains__(self, key: tuple) -> bool:
+        """``(state, form) in passed``: whether calls of ``form`` on ``state`` go to the engine's SSU."""
+        state, form = key
+        ref = self._tensors.get((id(state), form))
+        return ref is not None and ref() is state
+
+    def add(self, state: Any, x: Any, form: str, error: Exception, own: str) -> None:
+        """Pass ``form`` calls on ``state`` to the engine's backend ``own`` from now on, because of
+        ``error``; logged once per problem (cache shape and dtype, call form, reason)."""
+        key = (id(state), form)
+        tensors = self._tensors
+        tensors[key] = weakref.ref(state, lambda _, key=key: tensors.pop(key, None))
+        why = "; ".join(line.strip(" -") for line in str(error).splitlines() if line.strip())
+        said = (form, tuple(state.shape[1:]), str(state.dtype), tuple(x.shape[1:]), why)
+        if said in self._said:
+            return
+        self._said.add(said)
+        self.logger.info(
+            "ssu passes %s's %s SSU calls on a %s cache of %s per slot (x %s per row) to %s's own %s backend: %s",
+            self.engine, _FORMS.get(form, form), str(state.dtype).replace("torch.", ""), tuple(state.shape[1:]),
+            tuple(x.shape[1:]), self.engine, own, why,
+        )  # fmt: skip
+
+
+#: how the log names each call form
+_FORMS = {"step": "decode", "packed": "speculative (packed)", "verify": "verify", "tree": "verify (tree)"}
