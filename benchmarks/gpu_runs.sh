@@ -11,7 +11,9 @@
 # states against bf16, one run), bench-8bit-all (int8 and bf16 states, the four GPU backends, one
 # run), tests-engine-calls (both forms on the triton and flashinfer backends), bench-packed (vLLM's
 # packed call, T = 4, triton and flashinfer, one run), bench-verify (SGLang's verify call, T = 4,
-# one run; both build FlashInfer's modules of their call form first, in parallel), probe-packed (the
+# one run; both build FlashInfer's modules of their call form first, in parallel), bench-engines (ssu
+# bench --engine vllm, then sglang: the engines' own kernels, loaded from the folder scripts/engine-kernels
+# writes, beside every GPU backend on the engines' calls; BENCH_ENGINES picks one), probe-packed (the
 # packed call's launch shapes on triton, PACKED_SHAPES of block_p:num_warps), background and collect
 # (below).
 # Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
@@ -111,6 +113,13 @@ print("compiled lanes:", c.module() is not None, c.failure() or "", f"{time.perf
       timeout 500 python3 -m pytest -v -m gpu -p no:cacheprovider \
       backends/triton_ssu/tests/test_engine_calls_triton.py backends/flashinfer_ssu/tests/test_flashinfer_gpu.py \
       -k "engine" 2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/gpu-tests-engine-calls.log" | tail -25 ;;
+    bench-engines) python3 benchmarks/flashinfer_prebuild.py fp32,bf16,128,64,1,int32 bf16,bf16,128,64,1,int32 \
+        fp32,bf16,128,64,4,int32,packed,verify bf16,bf16,128,64,4,int32,packed,verify | tail -1
+      for engine in ${BENCH_ENGINES:-vllm sglang}; do
+        timeout "${BENCH_TIMEOUT:-280}" python3 -m ssu bench --engine "$engine" --engine-wheel "${ENGINE_KERNELS:-.device/engines}" \
+          --state-dtype fp32,bf16 --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" ${BENCH_ARGS:-} --out "$OUT/bench-engine-$engine" \
+          2>&1 | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-engine-$engine.log" | tail -40
+      done ;;
     bench-packed) call_modules packed
       timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-packed" 2>&1 \

@@ -77,19 +77,23 @@ def _not_installed(missing: list, registry: Registry) -> str:
     return f"no named backend is installed ({', '.join(missing)}; installed: {installed}); install with {hints}"
 
 
-def _serves_engine_caches(loaded, config: Config) -> None:
-    """Raise where backend ``loaded`` cannot step an engine's cache in place, as an engine plugin
-    needs: it does not adopt caches, or it keeps state beside them (``ssu_sync_state``), which the
-    engine's own writes (a prefill) would not reach."""
-    name = loaded.name
-    why = None
+def engine_refusal(loaded) -> Optional[str]:
+    """Why backend ``loaded`` (a loaded registry entry) cannot step an engine's cache in place, as
+    an engine plugin needs (None: it can): it does not adopt caches, or it keeps state beside them
+    (``ssu_sync_state``), which the engine's own writes (a prefill) would not reach."""
     if not loaded.spec.capabilities.adopt_state:
-        why = "does not step an engine's own cache in place (it serves states it allocates)"
-    elif loaded.hook.ssu_sync_state.get_hookimpls():
-        why = "keeps state beside the engine's cache, which the engine's own writes (a prefill) would not reach"
+        return "does not step an engine's own cache in place (it serves states it allocates)"
+    if loaded.hook.ssu_sync_state.get_hookimpls():
+        return "keeps state beside the engine's cache, which the engine's own writes (a prefill) would not reach"
+    return None
+
+
+def _serves_engine_caches(loaded, config: Config) -> None:
+    """Raise :func:`engine_refusal`'s reason, if any, as the configuration's error."""
+    why = engine_refusal(loaded)
     if why is not None:
         error = BackendError(
-            f"backend {name!r} {why}: an engine serves its SSU through backends that step its cache "
+            f"backend {loaded.name!r} {why}: an engine serves its SSU through backends that step its cache "
             "(such as reference, triton, flashinfer); name one of those for the engine"
         )
         raise _from_where(error, config) from None

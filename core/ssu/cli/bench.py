@@ -35,6 +35,20 @@ def add_bench_parser(sub) -> None:
         help="what to time: ssu's step (default), or an engine's call form on an adopted cache: packed (vLLM's, "
         "up to --tokens a sequence), verify (SGLang's, --tokens a row into an intermediate buffer)",
     )
+    e = p.add_argument_group("against an engine's own kernel")
+    e.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),
+        help="time the engine's own SSU kernel beside every available ssu backend, on the engine's own decode and "
+        "speculative calls (vLLM's packed call, SGLang's verify call; T = 4), through the drop-in as the engine "
+        "plugins call it; each cell checked against the engine's kernel first",
+    )
+    e.add_argument(
+        "--engine-wheel",
+        metavar="PATH",
+        help="with --engine: load the engine's kernel from its wheel (pip download --no-deps vllm==0.34.0) or a "
+        "folder of its files (scripts/engine-kernels) instead of the installed engine",
+    )
     p.add_argument("--batches", help="batch sizes (default 1,8,32,128,256,512; a --device cpu smoke run: 1,2)")
     p.add_argument("--backends", default="all", help="comma-separated names, or all (every available backend)")
     p.add_argument("--config", help="take the backends' options from this ssu.toml / pyproject.toml")
@@ -160,6 +174,10 @@ def cmd_bench(args, timer=None) -> int:
 
     if args.saved:
         return _render_saved(args)
+    if args.engine_wheel and not args.engine:
+        raise UsageError("--engine-wheel goes with --engine vllm or --engine sglang")
+    if args.engine:
+        return _bench_engine(args, timer)
     device = args.device or "cuda"
     check_device(device)
     if device.startswith("cuda") and not torch.cuda.is_available() and timer is None:
@@ -282,6 +300,128 @@ def cmd_bench(args, timer=None) -> int:
             + (f", {out / 'bench.png'}" if plotted else " (no plot: pip install 'ssu-core[bench]' for matplotlib)")
         )
     return EXIT_OK
+
+
+def _bench_engine(args, timer=None) -> int:
+    """``--engine``: the engine's own kernel and every available ssu backend on the engine's calls."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from ..bench import engine_kernels, engines, measure, report
+    from ..errors import SSUError
+    from ..timing import graph_time_us
+
+    device = args.device or "cuda"
+    check_device(device)
+    smoke = not device.startswith("cuda")
+    if not smoke and timer is None:
+        if not torch.cuda.is_available():
+            raise UsageError("ssu bench --engine times GPU kernels and this machine has no CUDA device (--device cpu "
+                             "is a smoke run in Triton's interpreter, TRITON_INTERPRET=1)")  # fmt: skip
+        require_device(device)
+    if args.tokens != 1 or args.call != "step" or args.adopt:
+        raise UsageError("--engine times the engine's own calls (decode, and T = 4 speculative): leave --tokens, "
+                         "--call and --adopt out")  # fmt: skip
+    try:
+        kernel = engine_kernels.load(args.engine, args.engine_wheel)
+    except engine_kernels.EngineKernelError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        batches = report.parse_batches(args.batches or (SMOKE_BATCHES if smoke else GPU_BATCHES))
+    except ValueError:
+        raise UsageError(f"--batches {args.batches!r}: give positive batch sizes, e.g. 1,8,32,128") from None
+    states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
+    shapes = _problem_fields(args, smoke)
+    from ..config import load_config
+
+    config = load_config(args.config)
+    from ..preflight import engine_refusal
+    from ..registry import default_registry
+
+    registry = default_registry()
+    unfit = {}  # installed backends an engine plugin cannot be configured with
+    for name in registry.discover():
+        try:
+            why = engine_refusal(registry.load(name))
+        except SSUError:
+            continue
+        if why:
+            unfit[name] = why
+    serving, refused = {}, dict(unfit)  # the ssu backends that serve each of the engine's call forms
+    for form in engines.FORMS[args.engine]:
+        call = "packed" if form == "speculative" else ("tree" if form == "verify" else "step")
+        tokens = engines.SPECULATIVE_TOKENS if call != "step" else 1
+        chosen, why = _candidates(type(args)(**dict(vars(args), call=call, tokens=tokens)), shapes, states, config,
+                                  device)  # fmt: skip
+        serving[form] = [n for n in chosen if (n != "reference" or smoke) and n not in unfit]
+        refused.update({f"{name} ({form})": reason for name, reason in why.items() if name not in unfit})
+    name = args.engine
+    ours = sorted({n for chosen in serving.values() for n in chosen})
+    contenders = [name, *ours]
+    timer = timer or (measure.wall_time_us if smoke else graph_time_us)
+    on = "a CPU smoke run (wall-clock times, Triton's interpreter; not a benchmark)" if smoke else (
+        torch.cuda.get_device_name(device))  # fmt: skip
+    title = (
+        f"ssu bench --engine {name} {datetime.date.today()}, {on}: H={shapes['nheads']} P={shapes['headdim']} "
+        f"N={shapes['dstate']} G={shapes['ngroups']}, input {args.input_dtype}; {name} {kernel.version}'s "
+        f"selective_state_update ({kernel.loaded})"
+    )
+    print(title, flush=True)
+    ceiling = None if smoke else measure.copy_ceiling_tbps(device, timer=None if timer is graph_time_us else timer)
+    if ceiling:
+        print(f"copy ceiling of this GPU: {ceiling:.2f} TB/s (read + write)", flush=True)
+    cells, mismatches = [], []
+    plan = [(form, state, batch) for form in engines.FORMS[name] for state in states for batch in batches]
+    for done, (form, state, batch) in enumerate(plan, 1):
+        print(f"  [{done}/{len(plan)}] {form} state {state} batch {batch} ...", end="", flush=True, file=sys.stderr)
+        built = engines.build(name, form, shapes, state, args.input_dtype, batch, device)
+        tokens = engines.SPECULATIVE_TOKENS if form != "decode" else 1
+        budget = engines.budgets(state, args.input_dtype, tokens)
+        times, differences = [], []
+        for contender in [name, *serving[form]]:
+            fn = kernel.call if contender == name else engines.drop_in(contender)
+            if contender != name:
+                try:
+                    out_diff, state_diff = engines.compare(name, form, built, kernel.call, fn)
+                except SSUError as exc:
+                    refused[f"{contender} ({form}, state {state}, batch {batch})"] = str(exc)
+                    continue
+                differences.append((contender, out_diff, state_diff))
+                if out_diff > budget[0] or state_diff > budget[1]:
+                    mismatches.append(f"{contender} {form} state {state} batch {batch}: outputs {out_diff:.2e}, "
+                                      f"states {state_diff:.2e} from {name}'s (budgets {budget[0]:.1e}, "
+                                      f"{budget[1]:.1e})")  # fmt: skip
+                    continue
+            launches = [(lambda fn=fn, call=call, cache=built.state: fn(cache, **call)) for call in built.sets]
+            times.append((contender, timer(launches, min_launches=args.iterations)))
+        cells.append(engines.Cell(name, form, state, batch, tokens, tuple(times), built.floor_bytes,
+                                  tuple(differences)))  # fmt: skip
+        print(" " + ", ".join(f"{c} {us:.1f} us" for c, us in times), file=sys.stderr, flush=True)
+        del built
+        if not smoke:
+            torch.cuda.empty_cache()
+    text = engines.table(cells, contenders, name, ceiling)
+    print(text)
+    for line in mismatches:
+        print(f"MISMATCH (not timed): {line}")
+    for what, reason in refused.items():
+        print(f"not timed: {what}: {spoken(reason)}")
+    if args.out:
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench-engine.txt").write_text(f"{title}\n{text}\n")
+            meta = dict(title=title, date=str(datetime.date.today()), device=on, ceiling_tbps=ceiling,
+                        engine=dict(name=name, version=kernel.version, loaded=kernel.loaded), torch=torch.__version__,
+                        python=platform.python_version(), versions=_versions(ours))  # fmt: skip
+            rows = [c.to_dict() for c in cells]
+            (out / "bench-engine.json").write_text(json.dumps(dict(meta, cells=rows, mismatches=mismatches,
+                                                                   refused=refused), indent=1))  # fmt: skip
+        except OSError as exc:
+            raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
+    return EXIT_OK if not mismatches else 1
 
 
 def attrs_evolve_backend(row):
