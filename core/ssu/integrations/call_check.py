@@ -6,8 +6,9 @@ its batch and tokens, the accepted counts of a speculative call, the relative er
 outputs, cache and buffer, and whether they are within the spec's error budgets); ``SSU_CHECK=1``
 writes no file. Either way a call outside its budgets is logged as a warning. The plugins wrap
 their call only where ``SSU_CHECK`` is set when they route: each checked call copies the cache
-rows it names (and the whole intermediate-state buffer) and synchronises, so it is for debugging
-and tests, never for serving.
+rows it names (and the whole intermediate-state buffer) and synchronises, which a CUDA graph cannot
+capture (run the engine eagerly: vLLM's ``--enforce-eager``), so it is for debugging and tests,
+never for serving.
 """
 
 from __future__ import annotations
