@@ -27,6 +27,7 @@ state and still writes its output row (mamba_ssm writes zeros there).
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -339,8 +340,8 @@ def _prepare(
         T = max(tokens, 1 if kernel is None else kernel.problem.tokens_per_step)
         bucket = 1 << (batch - 1).bit_length()
         declined = (key, bucket, T)
-        if declined in _declined:
-            raise _declined[declined]
+        if declined in _declined:  # a copy: raising one object again would lengthen its traceback
+            raise copy.copy(_declined[declined])
         try:
             kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), bucket))
         except BackendUnavailableError as exc:
