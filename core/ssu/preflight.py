@@ -4,7 +4,7 @@ The backend names it gives (installed, or first-party and so installable), their
 and values, and whether each named backend's plugin imports and registers: everything a first
 call would find wrong whatever its shapes. An engine plugin runs it where the engine loads the
 plugin (:func:`preflight` with ``engine=True``), so that a typo in ``SSU_BACKEND`` stops the engine
-at startup instead of at its first request; ``ssu check-config`` runs it on a file.
+at startup instead of at its first request.
 
 Importing a named backend's plugin module is all it loads: plugin modules import no GPU library
 (docs/writing-a-backend.md), and availability on a device is left to the first call of each

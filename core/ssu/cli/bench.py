@@ -360,6 +360,9 @@ def _bench_engine(args, timer=None) -> int:
     name = args.engine
     ours = sorted({n for chosen in serving.values() for n in chosen})
     contenders = [name, *ours]
+    # one configuration per backend for the whole run, as a plugin has: the drop-in keeps its
+    # kernels per configuration, so each cell finds the kernel an earlier cell opened and tuned
+    calls_of = {backend: engines.drop_in(backend) for backend in ours}
     timer = timer or (measure.wall_time_us if smoke else graph_time_us)
     on = "a CPU smoke run (wall-clock times, Triton's interpreter; not a benchmark)" if smoke else (
         torch.cuda.get_device_name(device))  # fmt: skip
@@ -381,7 +384,7 @@ def _bench_engine(args, timer=None) -> int:
         budget = engines.budgets(state, args.input_dtype, tokens)
         times, differences = [], []
         for contender in [name, *serving[form]]:
-            fn = kernel.call if contender == name else engines.drop_in(contender)
+            fn = kernel.call if contender == name else calls_of[contender]
             if contender != name:
                 try:
                     out_diff, state_diff = engines.compare(name, form, built, kernel.call, fn)

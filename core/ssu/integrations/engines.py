@@ -24,6 +24,8 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..errors import BackendUnavailableError, NotServedError
+
 if TYPE_CHECKING:
     from ..config import Config
     from ..kernel import Kernel
@@ -66,13 +68,10 @@ def announce(engine: str, logger: logging.Logger) -> "callable":
     return opened
 
 
-def not_served() -> tuple:
-    """The errors by which the drop-in says, before writing anything, that it does not serve a
-    call: a Mamba-1 layer's (:class:`~ssu.NotServedError`), or a problem that no configured
-    backend serves (:class:`~ssu.BackendUnavailableError`)."""
-    from ..errors import BackendUnavailableError, NotServedError
-
-    return (NotServedError, BackendUnavailableError)
+#: the errors by which the drop-in says, before writing anything, that it does not serve a call: a
+#: Mamba-1 layer's (:class:`~ssu.NotServedError`), or a problem that no configured backend serves
+#: (:class:`~ssu.BackendUnavailableError`)
+NOT_SERVED = (NotServedError, BackendUnavailableError)
 
 
 class Passed:

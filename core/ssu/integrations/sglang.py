@@ -115,12 +115,11 @@ def ssu_class(ssu_dispatch, config) -> type:
     from ..dropin import selective_state_update
     from ..dropin_engines import call_form
     from .call_check import checking, wanted
-    from .engines import Passed, not_served
+    from .engines import NOT_SERVED, Passed
 
     serve = selective_state_update
     if wanted():
         serve = checking(serve, "SGLang", logger, wanted())
-    declined = not_served()
 
     class SSUMambaBackend(ssu_dispatch.MambaSSUBackend):
         """SGLang's Mamba SSU backend interface served by ssu: each call goes to
@@ -173,7 +172,7 @@ def ssu_class(ssu_dispatch, config) -> type:
                         intermediate_state_indices=intermediate_state_indices, config=config,
                     )  # fmt: skip
                     return
-                except declined as exc:
+                except NOT_SERVED as exc:
                     form = self._form(x, disable_state_update, intermediate_states_buffer, retrieve_parent_token)
                     passed.add(state, x, form, exc, repr(getattr(self.replaces, "name", "?")))
             self.replaces(

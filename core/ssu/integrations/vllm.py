@@ -113,13 +113,12 @@ def ssu_class(ssu_dispatch, config, own_name: str, own_class: type) -> type:
     from ..dropin import selective_state_update
     from ..dropin_engines import call_form
     from .call_check import checking, wanted
-    from .engines import Passed, not_served
+    from .engines import NOT_SERVED, Passed
 
     null_block = getattr(ssu_dispatch, "NULL_BLOCK_ID", 0)
     serve = selective_state_update
     if wanted():
         serve = checking(serve, "vLLM", logger, wanted())
-    declined = not_served()
 
     class SSUMambaBackend(ssu_dispatch.MambaSSUBackend):
         """vLLM's Mamba SSU backend interface served by ssu: each call goes to
@@ -184,7 +183,7 @@ def ssu_class(ssu_dispatch, config, own_name: str, own_class: type) -> type:
                         num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens, config=config,
                     )  # fmt: skip
                     return
-                except declined as exc:
+                except NOT_SERVED as exc:
                     form = call_form(x, state_batch_indices, num_accepted_tokens=num_accepted_tokens,
                                      cu_seqlens=cu_seqlens)  # fmt: skip
                     passed.add(state, x, form, exc, repr(own_name))
