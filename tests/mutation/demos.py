@@ -221,10 +221,73 @@ def speculative(registry, name, *, tokens=3, accepted=(2, 1, 1, 3), slots=(4, 1,
     return bench.observe(outs=outs)
 
 
+def _table(values, layout: str) -> torch.Tensor:
+    """An (N, W) index table holding ``values`` (a contiguous tensor) as a view of the layout named:
+    "contiguous", "transposed" (a (W, N) tensor seen as (N, W)) or "column-slice" (columns 1 to W
+    of an (N, W + 3) tensor)."""
+    if layout == "contiguous":
+        return values
+    if layout == "transposed":
+        return values.t().contiguous().t()
+    if layout == "column-slice":
+        wide = torch.full((values.shape[0], values.shape[1] + 3), -7, dtype=values.dtype)
+        view = wide[:, 1 : values.shape[1] + 1]
+        view.copy_(values)
+        return view
+    raise ValueError(layout)
+
+
+def _packed_rows(call: dict, layout: str) -> dict:
+    """The packed tensors as views of the layout named: "contiguous", or "projection": x, B and C
+    the column slices of one (tokens, H*P + 2*G*N + 5) projection output (vLLM's xBC), z and dt the
+    leading columns of wider rows."""
+    if layout == "contiguous":
+        return call
+    if layout != "projection":
+        raise ValueError(layout)
+    call = dict(call)
+    x, B = call["x"], call["B"]
+    tokens, xw, bw = x.shape[0], x[0].numel(), B[0].numel()
+    wide = torch.zeros(tokens, xw + 2 * bw + 5, dtype=x.dtype)
+    for name, start, width in (("x", 0, xw), ("B", xw, bw), ("C", xw + bw, bw)):
+        view = wide[:, start : start + width].unflatten(-1, call[name].shape[1:])
+        view.copy_(call[name])
+        call[name] = view
+    for name in ("z", "dt"):
+        t = call[name]
+        if t is not None:
+            rows = torch.zeros(tokens, t[0].numel() + 3, dtype=t.dtype)
+            view = rows[:, : t[0].numel()].unflatten(-1, t.shape[1:])
+            view.copy_(t)
+            call[name] = view
+    return call
+
+
+def _given_out(shape, dtype, out: Optional[str]):
+    """The ``out`` a call is given: None, "given" (a NaN tensor) or "strided" (a NaN view whose
+    rows of H*P values lie 3 values apart)."""
+    if out is None:
+        return None
+    if out == "given":
+        return torch.full(shape, math.nan, dtype=dtype)
+    if out == "strided":
+        row = shape[-2] * shape[-1]
+        wide = torch.full((*shape[:-2], row + 3), math.nan, dtype=dtype)
+        return wide[..., :row].unflatten(-1, shape[-2:])
+    raise ValueError(out)
+
+
 def packed(registry, name, *, lengths=(2, 0, 3, 1), accepted=(2, 1, 0, 3), table=None, dst_table=None,
-           problem_fields=None, adopt=True, offsets=True, seed=0) -> dict:  # fmt: skip
+           problem_fields=None, adopt=True, offsets=True, seed=0, cu=None, rows=None, index=torch.int32,
+           table_layout="contiguous", dst_layout="contiguous", layout="contiguous", out="given", z=True, D=True,
+           dt_bias=True, softplus=True) -> dict:  # fmt: skip
     """One vLLM packed call on layer 1 of a two-layer state: sequences of ``lengths`` tokens,
-    tables 3 wide (default: each sequence's own row of slots), counts ``accepted``."""
+    tables 3 wide (default: each sequence's own row of slots), counts ``accepted``.
+    ``cu``: the offsets themselves (default: from ``lengths``); ``rows``: the packed rows of the
+    inputs (default: the last offset); ``index``: the dtype of the tables, counts and offsets;
+    ``table_layout``, ``dst_layout``: the tables' views (:func:`_table`); ``layout``: the packed
+    tensors' views (:func:`_packed_rows`); ``out``: see :func:`_given_out`; ``z``, ``D``,
+    ``dt_bias``: whether each is given; ``softplus``: dt_softplus."""
     fields = dict(tokens_per_step=3, engine_calls={"packed"}, num_slots=16, engine_state=adopt)
     fields.update(problem_fields or {})
     p = problem(**fields)
@@ -232,40 +295,71 @@ def packed(registry, name, *, lengths=(2, 0, 3, 1), accepted=(2, 1, 0, 3), table
     N = len(lengths)
     if table is None:
         table = [[3 * n + t + 1 for t in range(3)] for n in range(N)]
-    table = bench.ids([_slot_list(p, row) for row in table])
-    dst = None if dst_table is None else bench.ids([_slot_list(p, row) for row in dst_table])
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32)
-    call = bench.inputs((int(cu[-1]),))
+    table = _table(bench.ids([_slot_list(p, row) for row in table], index), table_layout)
+    dst = None if dst_table is None else _table(bench.ids([_slot_list(p, row) for row in dst_table], index), dst_layout)
+    if cu is None:
+        cu = [0] + list(torch.tensor(lengths).cumsum(0).tolist())
+    cu = torch.tensor(cu, dtype=index)
+    call = bench.inputs((int(cu[-1]) if rows is None else rows,), z=z, D=D, dt_bias=dt_bias)
     call.pop("dt_softplus")
-    out = torch.full(call["x"].shape, math.nan)
+    call = _packed_rows(call, layout)
+    given = _given_out(call["x"].shape, call["x"].dtype, out)
     result = bench.kernel.packed_step(
         bench.state, **call, slots=table, dst_slots=dst, num_accepted=None if accepted is None else
-        torch.tensor(accepted, dtype=torch.int32), cu_seqlens=cu if offsets else None, dt_softplus=True, out=out,
+        torch.tensor(accepted, dtype=index), cu_seqlens=cu if offsets else None, dt_softplus=softplus, out=given,
         layer=1,
     )  # fmt: skip
-    return bench.observe(out=result)
+    seen = dict(out=result)
+    if given is not None:
+        seen.update(returned_given=result is given, given=given.clone())
+    return bench.observe(**seen)
+
+
+def _buffer(shape, dtype, layout: str) -> torch.Tensor:
+    """A verify buffer of ``shape`` filled with 7: "dense", "row-slice" (the first steps of a
+    buffer two steps longer: rows further apart) or "step-gap" (every other block of a buffer twice
+    as long: steps further apart); each (H, P, N) block contiguous."""
+    rows, steps = shape[:2]
+    if layout == "dense":
+        return torch.full(shape, 7.0).to(dtype)
+    if layout == "row-slice":
+        return torch.full((rows, steps + 2, *shape[2:]), 7.0).to(dtype)[:, :steps]
+    if layout == "step-gap":
+        return torch.full((rows, steps, 2, *shape[2:]), 7.0).to(dtype)[:, :, 0]
+    raise ValueError(layout)
 
 
 def verify(registry, name, *, slots=(3, 0, "pad", 5), tokens=3, update_state=True, buffer="fp32", buffer_rows=None,
-           parents=None, problem_fields=None, adopt=True, seed=0) -> dict:  # fmt: skip
-    """One SGLang verify call on layer 1 of a two-layer state, the buffer returned with the rest."""
+           parents=None, problem_fields=None, adopt=True, seed=0, index=torch.int32, buffer_layout="dense",
+           parents_layout="contiguous", out=None, z=True, D=True, dt_bias=True, softplus=True) -> dict:  # fmt: skip
+    """One SGLang verify call on layer 1 of a two-layer state, the buffer returned with the rest.
+    ``index``: the dtype of slots and buffer rows; ``buffer_layout``: see :func:`_buffer`;
+    ``parents_layout``: "contiguous" or "transposed" (a (T, b) tensor seen as (b, T)); ``out``:
+    see :func:`_given_out`; ``z``, ``D``, ``dt_bias``: whether each is given; ``softplus``:
+    dt_softplus."""
     fields = dict(tokens_per_step=tokens, engine_calls={"tree"}, num_slots=8, engine_state=adopt)
     fields.update(problem_fields or {})
     p = problem(**fields)
     bench = Bench(registry, name, p, layers=2, adopt=adopt, seed=seed)
-    ids = bench.ids(_slot_list(p, slots))
-    call = bench.inputs((len(ids), tokens))
+    ids = bench.ids(_slot_list(p, slots), index)
+    call = bench.inputs((len(ids), tokens), z=z, D=D, dt_bias=dt_bias, softplus=softplus)
     steps = tokens + 1
     rows = p.num_slots if buffer_rows is None else len(ids)
     store = None
     if buffer is not None:
-        store = torch.full((rows, steps, p.nheads, p.headdim, p.dstate), 7.0).to(to_torch(buffer))
+        store = _buffer((rows, steps, p.nheads, p.headdim, p.dstate), to_torch(buffer), buffer_layout)
+    if parents is not None:
+        parents = torch.tensor(parents, dtype=torch.int64)
+        parents = parents.t().contiguous().t() if parents_layout == "transposed" else parents
+    given = _given_out(call["x"].shape, call["x"].dtype, out)
     result = bench.kernel.verify_step(
         bench.state, **call, slots=ids, layer=1, update_state=update_state, buffer=store,
-        buffer_rows=None if buffer_rows is None else bench.ids(buffer_rows),
-        parents=None if parents is None else torch.tensor(parents, dtype=torch.int64),
+        buffer_rows=None if buffer_rows is None else bench.ids(buffer_rows, index), parents=parents, out=given,
     )  # fmt: skip
-    return bench.observe(out=result, buffer=None if store is None else store.float())
+    seen = dict(out=result, buffer=None if store is None else store.float())
+    if given is not None:
+        seen.update(returned_given=result is given, given=given.clone())
+    return bench.observe(**seen)
 
 
 def roundtrip(registry, name, *, slots=(4, 1), read_slots=None, layer=1, problem_fields=None, seed=0) -> dict:

@@ -637,8 +637,9 @@ class Independent:
         s[chosen] = buffer[rows[chosen], parent[chosen]].float()
         return s
 
-    def store_intermediate(self, buffer, rows, stores, token, s):
-        """``buffer[row, token]`` = the state after ``token``, in the buffer's dtype."""
+    def store_intermediate(self, p, buffer, rows, stores, token, s):
+        """``buffer[row, token]`` = the state after ``token``, rounded to the buffer's dtype (whatever
+        the cache's, ``p.state_dtype``)."""
         if bool(stores.any()):
             buffer[rows[stores], token] = s[stores].to(buffer.dtype)
 
@@ -663,6 +664,6 @@ class Independent:
             s, y = self.token_update(p, s, x[:, t], dt[:, t], A, B[:, t], C[:, t], D, zt, dt_bias, dt_softplus)
             out[:, t] = y.to(out.dtype)
             if buffer is not None:
-                self.store_intermediate(buffer, rows, stores, t, s)
+                self.store_intermediate(p, buffer, rows, stores, t, s)
         self.verify_final(p, store, slots, real, s, update_state, buffer, rows, stores, tokens)
         return out

@@ -1103,8 +1103,8 @@ class VerifyStoresOneStepLate(Mutant):
     RULE = "engine/verify-step-index"
     SHOWN_BY = show(demos.verify)
 
-    def store_intermediate(self, buffer, rows, stores, token, s):
-        super().store_intermediate(buffer, rows, stores, token + 1, s)
+    def store_intermediate(self, p, buffer, rows, stores, token, s):
+        super().store_intermediate(p, buffer, rows, stores, token + 1, s)
 
 
 class VerifyIgnoresParents(Mutant):
