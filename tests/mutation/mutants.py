@@ -16,9 +16,12 @@ import torch
 
 import demos
 from independent import (
+    E_BUFFER_ROWS,
     E_DST_TABLE,
     E_OFFSETS,
+    E_PARENTS,
     E_SLOT_TABLE,
+    ENGINE_ARGUMENT,
     QMAX,
     SLOTS_ARGUMENT,
     SOFTPLUS_THRESHOLD,
@@ -26,6 +29,7 @@ from independent import (
     ROW_SHIFT,
     Independent,
 )
+from ssu.dtypes import to_torch
 
 
 def _kebab(name: str) -> str:
@@ -48,6 +52,12 @@ def _dense_strides(shape) -> tuple:
         strides.append(step)
         step *= size
     return tuple(reversed(strides))
+
+
+def _as_dense(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s storage from its first element read with dense row-major strides: what a kernel that
+    ignores a view's strides sees."""
+    return torch.as_strided(t, t.shape, _dense_strides(t.shape), t.storage_offset())
 
 
 class Mutant(Independent):
@@ -1086,6 +1096,373 @@ class PackedFaultTokenZero(Mutant):
         return writing & self.names_slot(p, cells)
 
 
+class PackedTableReadAsDense(Mutant):
+    """Reads the (N, W) slot table as a dense row-major table (cell (n, t) at n * W + t), ignoring its strides, so
+    a transposed table gives each sequence the wrong cells."""
+
+    RULE = "engine/index-layout"
+    SHOWN_BY = show(demos.packed, table_layout="transposed")
+
+    def packed_step(self, ctx, state, x, dt, A, B, C, slots, *rest):
+        return super().packed_step(ctx, state, x, dt, A, B, C, _as_dense(slots), *rest)
+
+
+class PackedDstTableWithSlotStrides(Mutant):
+    """Indexes the destination table with the slot table's strides (one stride pair for both tables, as when vLLM
+    passes one table as both), so a destination table of another layout is misread."""
+
+    RULE = "engine/index-layout"
+    SHOWN_BY = show(demos.packed, dst_table=[[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], dst_layout="column-slice")
+
+    def packed_step(self, ctx, state, x, dt, A, B, C, slots, dst_slots, *rest):
+        if dst_slots is not None:
+            dst_slots = torch.as_strided(dst_slots, dst_slots.shape, slots.stride(), dst_slots.storage_offset())
+        return super().packed_step(ctx, state, x, dt, A, B, C, slots, dst_slots, *rest)
+
+
+class PackedInputsReadDense(Mutant):
+    """Steps through the packed x, B and C by their dense token size (H * P and G * N values a row) instead of their
+    row strides, so inputs sliced from one projection output (vLLM's xBC) are misread."""
+
+    RULE = "layout/strided-views"
+    SHOWN_BY = show(demos.packed, layout="projection")
+
+    def packed_step(self, ctx, state, x, dt, A, B, C, *rest):
+        return super().packed_step(ctx, state, _as_dense(x), dt, A, _as_dense(B), _as_dense(C), *rest)
+
+
+class PackedOutWrittenDense(Mutant):
+    """Writes a packed call's outputs as if out were dense (H * P values a row), so an out whose rows lie apart gets
+    its values in the wrong places."""
+
+    RULE = "layout/strided-views"
+    SHOWN_BY = show(demos.packed, out="strided")
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        view = None if out is None else _as_dense(out)
+        result = super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+            view, layer,
+        )  # fmt: skip
+        return result if out is None else out
+
+
+class PackedReturnsFreshOut(Mutant):
+    """Writes a packed call's outputs into a fresh tensor and returns it, leaving a given out unwritten."""
+
+    RULE = "step/out-returned"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        return super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+            None, layer,
+        )  # fmt: skip
+
+
+class PackedZeroesUnownedOutRows(Mutant):
+    """Clears a given out before a packed call, so the rows no sequence owns (padding past the last offset) are
+    written with zeros."""
+
+    RULE = "engine/packed-unowned-out"
+    SHOWN_BY = show(demos.packed, rows=8)
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        if out is not None:
+            out.zero_()
+        return super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+            out, layer,
+        )  # fmt: skip
+
+
+class PackedOffsetsCountedFromZero(Mutant):
+    """Places the packed sequences from row 0 (offsets less cu_seqlens[0]), so offsets that start past row 0 shift
+    every sequence onto rows it does not own."""
+
+    RULE = "engine/packed-offsets"
+    SHOWN_BY = show(demos.packed, cu=(1, 3, 3, 6, 7), rows=8)
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        shifted = None if cu_seqlens is None else cu_seqlens - cu_seqlens[0]
+        return super().packed_sequences(ctx, shifted, tokens, width)
+
+
+class PackedDstDefaultsToColumnZero(Mutant):
+    """Without dst_slots, stores every token's state in column 0 of the slot table (the one-token layout) instead
+    of in slots[n, t]."""
+
+    RULE = "engine/defaults"
+    SHOWN_BY = show(demos.packed)
+
+    def packed_step(self, ctx, state, x, dt, A, B, C, slots, dst_slots, *rest):
+        if dst_slots is None:
+            dst_slots = slots[:, :1].expand(-1, slots.shape[1])
+        return super().packed_step(ctx, state, x, dt, A, B, C, slots, dst_slots, *rest)
+
+
+class PackedCountsIgnoredWithoutOffsets(Mutant):
+    """Ignores num_accepted when cu_seqlens is absent (its one-token path), starting every sequence from column 0
+    instead of column num_accepted - 1."""
+
+    RULE = "engine/packed-start-column"
+    SHOWN_BY = show(demos.packed, lengths=(1, 1, 1, 1), offsets=False)
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        counts = None if cu_seqlens is None else num_accepted
+        return super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, counts, cu_seqlens, D, z, dt_bias, dt_softplus, out, layer,
+        )  # fmt: skip
+
+
+class PackedAllAcceptedWithoutCounts(Mutant):
+    """Without num_accepted, takes every count as W (every draft accepted) and starts each sequence from column
+    W - 1 instead of column 0."""
+
+    RULE = "engine/defaults"
+    SHOWN_BY = show(demos.packed, accepted=None)
+
+    def packed_start_column(self, ctx, num_accepted, sequences, width, valid):
+        if num_accepted is None:
+            num_accepted = torch.full((sequences,), width, dtype=torch.int32, device=valid.device)
+        return super().packed_start_column(ctx, num_accepted, sequences, width, valid)
+
+
+class PackedDstFaultStopsSequence(Mutant):
+    """Stops storing a packed sequence's states at its first destination cell outside the cache (recorded): the
+    tokens after that cell store nothing."""
+
+    RULE = "engine/packed-guards"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], [7, 40, 9], [10, 11, 12]])
+
+    def packed_step(self, ctx, state, x, dt, A, B, C, slots, dst_slots, *rest):
+        p = ctx.problem
+        cells = slots if dst_slots is None else dst_slots
+        bad = self.outside_cache(p, cells).long()
+        after = (bad.cumsum(1) - bad) > 0
+        cells = torch.where(after, torch.full_like(cells, p.pad_slot_id), cells)
+        return super().packed_step(ctx, state, x, dt, A, B, C, slots, cells, *rest)
+
+
+class PackedUnusedCellRecorded(Mutant):
+    """Checks a packed sequence's destination cell in every column the call steps through, token or not, so a bad
+    id in a column past the sequence's last token (a cell no token uses) is recorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 40], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        return live & super().packed_dst_cells(ctx, cells, torch.ones_like(live), real, sequence, token)
+
+
+class PackedEmptyStartCellRecorded(Mutant):
+    """Checks the start cell of every packed sequence, so a bad id in the start cell of a sequence with no tokens
+    is recorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [40, 5, 6], [7, 8, 9], [10, 11, 12]])
+
+    def packed_start(self, ctx, table, column, has_tokens, sequence):
+        start, real = super().packed_start(ctx, table, column, torch.ones_like(has_tokens), sequence)
+        return start, real & has_tokens
+
+
+class PackedPaddedDstCellRecorded(Mutant):
+    """Checks the destination cells of a padded packed sequence's tokens (cells it never writes), so a bad id there
+    is recorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], ["pad", 40, 9], [10, 11, 12]])
+
+    def packed_dst_cells(self, ctx, cells, live, real, sequence, token):
+        p = ctx.problem
+        tokens = torch.full_like(sequence, token)
+        self.record_engine_fault(ctx, live & self.outside_cache(p, cells), E_DST_TABLE, sequence, tokens, cells)
+        return live & real & self.names_slot(p, cells)
+
+
+class PackedEmptyCountNotRecorded(Mutant):
+    """Checks the counts of packed sequences with tokens only, so a count outside 0..W of a sequence with no tokens
+    goes unrecorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.packed, accepted=(2, 9, 0, 3))
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        if num_accepted is not None and cu_seqlens is not None:
+            empty = (cu_seqlens[1:] - cu_seqlens[:-1]) == 0
+            num_accepted = torch.where(empty, torch.zeros_like(num_accepted), num_accepted)
+        return super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+            out, layer,
+        )  # fmt: skip
+
+
+class PackedBadCountReadsColumnZero(Mutant):
+    """Serves a packed sequence whose count lies outside 0..W from column 0 of its slot table (recording the count)
+    instead of padding it, so a bad id in that cell is checked and recorded too, under a smaller key."""
+
+    RULE = "engine/packed-guards"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], [40, 8, 9], [10, 11, 12]], accepted=(2, 1, 9, 3))
+
+    def packed_start_column(self, ctx, num_accepted, sequences, width, valid):
+        column, counted = super().packed_start_column(ctx, num_accepted, sequences, width, valid)
+        return column, torch.ones_like(counted)
+
+
+class PackedOffsetsFaultNamesStart(Mutant):
+    """Records a packed sequence's bad offsets with the value cu_seqlens[n] (its first row) instead of
+    cu_seqlens[n + 1]."""
+
+    RULE = "engine/packed-offsets-guard"
+    SHOWN_BY = show(demos.packed, lengths=(4, 0, 2, 1))
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        if cu_seqlens is None:
+            return super().packed_sequences(ctx, cu_seqlens, tokens, width)
+        cu = cu_seqlens.long()
+        first, end = cu[:-1], cu[1:]
+        length = end - first
+        valid = (first >= 0) & (length >= 0) & (length <= width) & (end <= tokens)
+        sequence = torch.arange(first.shape[0], device=cu.device)
+        self.record_engine_fault(ctx, ~valid, E_OFFSETS, sequence, torch.zeros_like(sequence), first)
+        return first, torch.where(valid, length, torch.zeros_like(length)), valid
+
+
+class PackedLongSequenceServesW(Mutant):
+    """Serves a packed sequence of more than W tokens as its first W tokens (recording its offsets) instead of
+    writing no state of it."""
+
+    RULE = "engine/packed-offsets-guard"
+    SHOWN_BY = show(demos.packed, lengths=(4, 0, 2, 1))
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        first, length, valid = super().packed_sequences(ctx, cu_seqlens, tokens, width)
+        if cu_seqlens is None:
+            return first, length, valid
+        long = (cu_seqlens[1:] - cu_seqlens[:-1]).long() > width
+        return first, torch.where(long, torch.full_like(length, width), length), valid | long
+
+
+class PackedDescendingOffsetsUnrecorded(Mutant):
+    """Checks only that a packed sequence has at most W tokens and lies within the rows, so offsets that descend (a
+    negative length) give a sequence no tokens without being recorded."""
+
+    RULE = "engine/packed-offsets-guard"
+    SHOWN_BY = show(demos.packed, cu=(0, 2, 5, 1, 1), rows=5)
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        if cu_seqlens is None:
+            return super().packed_sequences(ctx, cu_seqlens, tokens, width)
+        cu = cu_seqlens.long()
+        first, end = cu[:-1], cu[1:]
+        length = end - first
+        valid = (first >= 0) & (length <= width) & (end <= tokens)
+        sequence = torch.arange(first.shape[0], device=cu.device)
+        self.record_engine_fault(ctx, ~valid, E_OFFSETS, sequence, torch.zeros_like(sequence), end)
+        return first, torch.where(valid, length.clamp(min=0), torch.zeros_like(length)), valid
+
+
+class PackedLastFaultWins(Mutant):
+    """Stores each fault of an engine call over the record (the last one checked wins: offsets, counts, start
+    cells, then destination cells token by token) instead of keeping the smallest key."""
+
+    RULE = "guarded/key"
+    SHOWN_BY = show(demos.packed, table=[[1, 2, 3], [4, 5, 6], [7, 40, 9], [10, 11, 60]])
+
+    def record_engine_fault(self, ctx, bad, code, sequence, token, values):
+        bad, sequence, token, values = torch.broadcast_tensors(bad, sequence, token, values)
+        if bool(bad.any()):
+            keys = self.fault_key(self.engine_row(code, sequence, token), ENGINE_ARGUMENT, values)
+            ctx.faults.fill_(keys[bad].min())
+
+
+class PackedInt64TableReadAsInt32(Mutant):
+    """Reads an int64 slot table through an int32 pointer with the table's element offsets (cell (n, t) is the
+    32-bit word n * W + t), so an int64 table gives the wrong ids."""
+
+    RULE = "engine/index-dtype"
+    SHOWN_BY = show(demos.packed, index=torch.int64)
+
+    def packed_step(self, ctx, state, x, dt, A, B, C, slots, *rest):
+        if slots.dtype == torch.int64:
+            slots = slots.contiguous().view(torch.int32).flatten()[: slots.numel()].view(slots.shape)
+        return super().packed_step(ctx, state, x, dt, A, B, C, slots, *rest)
+
+
+class PackedInt64OffsetsReadAsInt32(Mutant):
+    """Reads int64 offsets through an int32 pointer (offset n is the 32-bit word n), so int64 cu_seqlens give the
+    wrong rows."""
+
+    RULE = "engine/index-dtype"
+    SHOWN_BY = show(demos.packed, index=torch.int64)
+
+    def packed_sequences(self, ctx, cu_seqlens, tokens, width):
+        if cu_seqlens is not None and cu_seqlens.dtype == torch.int64:
+            cu_seqlens = cu_seqlens.contiguous().view(torch.int32)[: cu_seqlens.shape[0]]
+        return super().packed_sequences(ctx, cu_seqlens, tokens, width)
+
+
+class PackedChainsStoredStates(Mutant):
+    """Continues each packed token from the state as it stored it, read back from the cache (rounded to a bf16
+    cache), instead of from the fp32 state."""
+
+    RULE = "budgets/chained-tokens"
+    SHOWN_BY = show(demos.packed, problem_fields=dict(state_dtype="bf16"))
+
+    def packed_store(self, p, store, cells, keep, s, token, length):
+        super().packed_store(p, store, cells, keep, s, token, length)
+        if bool(keep.any()):
+            s[keep] = self.read_slot_state(p, store, cells[keep].long())
+
+
+class PackedSoftplusAlways(Mutant):
+    """Applies softplus to dt on every packed call (vLLM's mixer always asks for it), whatever dt_softplus says."""
+
+    RULE = "engine/optional-inputs"
+    SHOWN_BY = show(demos.packed, softplus=False)
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        return super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, True, out, layer,
+        )  # fmt: skip
+
+
+class PackedDtBiasDroppedWithoutD(Mutant):
+    """Drops dt_bias from a packed call when D is absent (one guard for both optional per-head parameters)."""
+
+    RULE = "engine/optional-inputs"
+    SHOWN_BY = show(demos.packed, D=False)
+
+    def packed_step(
+        self, ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, dt_bias, dt_softplus,
+        out, layer,
+    ):  # fmt: skip
+        bias = None if D is None else dt_bias
+        return super().packed_step(
+            ctx, state, x, dt, A, B, C, slots, dst_slots, num_accepted, cu_seqlens, D, z, bias, dt_softplus, out,
+            layer,
+        )  # fmt: skip
+
+
 # SGLang's verify call ---------------------------------------------------------------------------
 class VerifyIgnoresBufferRows(Mutant):
     """Stores a verify row's intermediate states at the buffer row of its slot, ignoring buffer_rows."""
@@ -1185,6 +1562,298 @@ class VerifyBufferRowFaultNotRecorded(Mutant):
             return super().verify_buffer_rows(ctx, slots, real, buffer, buffer_rows)
         rows = (slots if buffer_rows is None else buffer_rows).long()
         return rows, real & (rows >= 0) & (rows < buffer.shape[0])
+
+
+class VerifyBufferReadAsDense(Mutant):
+    """Indexes the intermediate-state buffer as dense (rows of steps x H x P x N values back to back), ignoring its
+    strides, so a buffer sliced from a longer one is written in the wrong places."""
+
+    RULE = "engine/verify-buffer-layout"
+    SHOWN_BY = show(demos.verify, buffer_layout="row-slice")
+
+    def verify_step(
+        self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+        buffer_rows, parents,
+    ):  # fmt: skip
+        buffer = None if buffer is None else _as_dense(buffer)
+        return super().verify_step(
+            ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+            buffer_rows, parents,
+        )  # fmt: skip
+
+
+class VerifyParentReadWithDenseStrides(Mutant):
+    """Reads a parent's state back from the buffer with dense strides (blocks of H x P x N values back to back),
+    so a buffer whose steps lie apart gives the wrong parent."""
+
+    RULE = "engine/verify-buffer-layout"
+    SHOWN_BY = show(demos.verify, buffer_layout="step-gap", parents=[[-1, 0, 0]] * 4)
+
+    def continue_from(self, s, buffer, rows, parent):
+        return super().continue_from(s, _as_dense(buffer), rows, parent)
+
+
+class VerifyParentsReadDense(Mutant):
+    """Reads the (b, T) parent table as dense row-major, ignoring its strides, so a transposed table gives each row
+    the wrong parents."""
+
+    RULE = "engine/index-layout"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 0], [-1, 0, 1], [-1, 0, 1], [-1, 0, 0]], parents_layout="transposed")
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        return super().verify_parents(ctx, None if parents is None else _as_dense(parents), stores, tokens)
+
+
+class VerifyOutIntoContiguousCopy(Mutant):
+    """Computes a verify call's outputs into out.contiguous() and returns that, so a strided out is neither written
+    nor returned."""
+
+    RULE = "step/out-returned"
+    SHOWN_BY = show(demos.verify, out="strided")
+
+    def verify_step(
+        self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+        buffer_rows, parents,
+    ):  # fmt: skip
+        out = None if out is None else out.contiguous()
+        return super().verify_step(
+            ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+            buffer_rows, parents,
+        )  # fmt: skip
+
+
+class VerifyFollowsLateParent(Mutant):
+    """Follows a parent at or after its own token but within the call's tokens (recording it) instead of continuing
+    from the token before, so the token reloads a buffer step this call has not written yet."""
+
+    RULE = "engine/verify-parent-guard"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 2]] * 4)
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        follow = super().verify_parents(ctx, parents, stores, tokens)
+        if parents is None:
+            return follow
+        parent = parents.long()
+        token = torch.arange(tokens, device=stores.device)[None, :]
+        late = stores[:, None] & (token >= 1) & (parent >= token) & (parent < tokens)
+        return torch.where(late, parent, follow)
+
+
+class VerifyLateParentNotRecorded(Mutant):
+    """Ignores a parent at or after its own token without recording it."""
+
+    RULE = "engine/verify-parent-guard"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 2]] * 4)
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        follow = torch.full((stores.shape[0], tokens), -1, dtype=torch.int64, device=stores.device)
+        if parents is None:
+            return follow
+        parent = parents.long()
+        token = torch.arange(tokens, device=stores.device)[None, :]
+        taken = stores[:, None] & (token >= 1) & (parent >= 0) & (parent < token)
+        return torch.where(taken, parent, follow)
+
+
+class VerifyNegativeParentRecorded(Mutant):
+    """Records a negative parent of a token t >= 1 as a fault (code 4), though it only means that the token
+    continues from token t - 1."""
+
+    RULE = "engine/verify-parent-guard"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, -1]] * 4)
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        follow = super().verify_parents(ctx, parents, stores, tokens)
+        if parents is not None:
+            parent = parents.long()
+            token = torch.arange(tokens, device=stores.device)[None, :]
+            sequence = torch.arange(stores.shape[0], device=stores.device)[:, None]
+            negative = stores[:, None] & (token >= 1) & (parent < 0)
+            self.record_engine_fault(ctx, negative, E_PARENTS, sequence, token, parent)
+        return follow
+
+
+class VerifyNegativeParentFollowsTokenZero(Mutant):
+    """Clamps parents to 0 before use, so a token t >= 1 whose parent is negative continues from token 0 instead of
+    from token t - 1."""
+
+    RULE = "engine/verify-parents"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, -1]] * 4)
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        return super().verify_parents(ctx, None if parents is None else parents.clamp(min=0), stores, tokens)
+
+
+class VerifyPadRowParentChecked(Mutant):
+    """Checks the parents of every verify row, so a bad parent of a pad row (which follows no parents) is recorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 1], [-1, 0, 1], [-1, 2, 0], [-1, 0, 1]])
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        follow = super().verify_parents(ctx, parents, torch.ones_like(stores), tokens)
+        return torch.where(stores[:, None], follow, torch.full_like(follow, -1))
+
+
+class VerifyParentOfTokenZeroChecked(Mutant):
+    """Checks the parent of token 0 too, so a row whose first parent is 0 (at its own token, but never followed:
+    token 0 starts from the slot) is recorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.verify, parents=[[0, 0, 1]] * 4)
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        follow = super().verify_parents(ctx, parents, stores, tokens)
+        if parents is not None:
+            first = parents[:, 0].long()
+            sequence = torch.arange(stores.shape[0], device=stores.device)
+            self.record_engine_fault(ctx, stores & (first >= 0), E_PARENTS, sequence, torch.zeros_like(sequence), first)
+        return follow
+
+
+class VerifyPadRowFollowsParents(Mutant):
+    """Lets verify rows that store nothing (a pad row) follow their parents, reloading them from the buffer row
+    their id names as an index (the last row for a pad id of -1) instead of continuing from their previous token."""
+
+    RULE = "engine/verify-pad-rows"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 0]] * 4)
+
+    def verify_parents(self, ctx, parents, stores, tokens):
+        follow = super().verify_parents(ctx, parents, stores, tokens)
+        if parents is None:
+            return follow
+        parent = parents.long()
+        token = torch.arange(tokens, device=stores.device)[None, :]
+        return torch.where((token >= 1) & (parent >= 0) & (parent < token), parent, follow)
+
+
+class VerifyPadRowOutputSkipped(Mutant):
+    """Leaves a verify pad row's outputs as they were (a kernel that returns early for pad rows) instead of writing
+    y from a zero state."""
+
+    RULE = "engine/verify-pad-rows"
+    SHOWN_BY = show(demos.verify, out="given")
+
+    def verify_step(
+        self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+        buffer_rows, parents,
+    ):  # fmt: skip
+        before = None if out is None else out.clone()
+        result = super().verify_step(
+            ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+            buffer_rows, parents,
+        )  # fmt: skip
+        pad = self.is_pad(ctx.problem, slots)
+        result[pad] = float("nan") if before is None else before[pad]
+        return result
+
+
+class VerifyBufferInCacheDtype(Mutant):
+    """Rounds each intermediate state to the cache's dtype before storing it in the buffer, so an fp32 buffer
+    beside a bf16 cache holds bf16 values."""
+
+    RULE = "engine/buffer-dtype"
+    SHOWN_BY = show(demos.verify, problem_fields=dict(state_dtype="bf16"))
+
+    def store_intermediate(self, p, buffer, rows, stores, token, s):
+        if not p.quantized:
+            s = self.round_to_cache(s, to_torch(p.state_dtype)).float()
+        super().store_intermediate(p, buffer, rows, stores, token, s)
+
+
+class VerifyParentsLoadedAsBf16(Mutant):
+    """Loads a parent's state from the buffer as bf16 whatever the buffer's dtype, so a parent read from an fp32
+    buffer loses precision."""
+
+    RULE = "engine/buffer-dtype"
+    SHOWN_BY = show(demos.verify, parents=[[-1, 0, 0]] * 4)
+
+    def continue_from(self, s, buffer, rows, parent):
+        return super().continue_from(s, buffer.to(torch.bfloat16), rows, parent)
+
+
+class VerifyBufferRowsDefaultToCallRow(Mutant):
+    """Without buffer_rows, stores row b's intermediate states at buffer row b instead of at row slots[b]."""
+
+    RULE = "engine/defaults"
+    SHOWN_BY = show(demos.verify)
+
+    def verify_buffer_rows(self, ctx, slots, real, buffer, buffer_rows):
+        if buffer_rows is None:
+            buffer_rows = torch.arange(slots.shape[0], dtype=slots.dtype, device=slots.device)
+        return super().verify_buffer_rows(ctx, slots, real, buffer, buffer_rows)
+
+
+class VerifyUpdateNeedsBuffer(Mutant):
+    """Writes a verify row's final state to its slot only when a buffer is given (the store sits in the buffer's
+    branch), so update_state without a buffer leaves the cache as it was."""
+
+    RULE = "engine/verify-update-state"
+    SHOWN_BY = show(demos.verify, buffer=None)
+
+    def verify_final(self, p, store, slots, real, s, update_state, buffer, rows, stores, tokens):
+        super().verify_final(p, store, slots, real, s, update_state and buffer is not None, buffer, rows, stores,
+                             tokens)  # fmt: skip
+
+
+class VerifyClearsBufferRows(Mutant):
+    """Clears every step of the buffer rows it stores into before storing the first token, so the steps past T are
+    written too."""
+
+    RULE = "engine/verify-step-index"
+    SHOWN_BY = show(demos.verify)
+
+    def store_intermediate(self, p, buffer, rows, stores, token, s):
+        if token == 0 and bool(stores.any()):
+            buffer[rows[stores]] = 0
+        super().store_intermediate(p, buffer, rows, stores, token, s)
+
+
+class VerifyNegativeBufferRowWraps(Mutant):
+    """Checks only a buffer row's upper bound, so a negative buffer row is not recorded and stores into the row it
+    names counted from the end."""
+
+    RULE = "engine/verify-guards"
+    SHOWN_BY = show(demos.verify, buffer_rows=(2, 0, 1, -2))
+
+    def verify_buffer_rows(self, ctx, slots, real, buffer, buffer_rows):
+        if buffer is None:
+            return super().verify_buffer_rows(ctx, slots, real, buffer, buffer_rows)
+        rows = (slots if buffer_rows is None else buffer_rows).long()
+        inside = rows < buffer.shape[0]
+        sequence = torch.arange(rows.shape[0], device=rows.device)
+        self.record_engine_fault(ctx, real & ~inside, E_BUFFER_ROWS, sequence, torch.zeros_like(sequence), rows)
+        return rows, real & inside
+
+
+class VerifyPadBufferRowChecked(Mutant):
+    """Checks the buffer row of every verify row, so the bad buffer row of a pad row (which stores nothing) is
+    recorded."""
+
+    RULE = "engine/fault-table"
+    SHOWN_BY = show(demos.verify, buffer_rows=(2, 0, 9, 3))
+
+    def verify_buffer_rows(self, ctx, slots, real, buffer, buffer_rows):
+        rows, stores = super().verify_buffer_rows(ctx, slots, torch.ones_like(real), buffer, buffer_rows)
+        return rows, stores & real
+
+
+class VerifyGatesWithZeroWithoutZ(Mutant):
+    """Gates a verify call's outputs with z = 0 when z is absent (the gate applied unconditionally), so every
+    output is zero."""
+
+    RULE = "engine/optional-inputs"
+    SHOWN_BY = show(demos.verify, z=False)
+
+    def verify_step(
+        self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+        buffer_rows, parents,
+    ):  # fmt: skip
+        z = torch.zeros_like(x) if z is None else z
+        return super().verify_step(
+            ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, update_state, buffer,
+            buffer_rows, parents,
+        )  # fmt: skip
 
 
 # bookkeeping ------------------------------------------------------------------------------------

@@ -110,6 +110,30 @@ RULES = {
     "engine/verify-pad-rows": '"Verify (SGLang)": a pad row stores nothing, follows no parents and writes its outputs.',
     "engine/verify-guards": '"What is refused, and what is guarded": a verify row whose slot or buffer row lies '
     "outside the cache or buffer is served as the spec says and recorded with kind 3.",
+    "engine/index-layout": '"Packed (vLLM)": slots and dst_slots are (N, W) tables with any strides; '
+    '"Shapes and names": the tensors of a call (a tree\'s parent table too) may be any strided views.',
+    "engine/index-dtype": '"Shapes and names": slots and dst_slots are int32 or int64 (the engine forms\' tables, '
+    "counts and offsets too), each read in its own dtype.",
+    "engine/defaults": '"Packed (vLLM)" and "Verify (SGLang)": dst_slots defaults to slots (token t stores in '
+    "slots[n, t]), no num_accepted starts every sequence from column 0, buffer_rows defaults to slots.",
+    "engine/optional-inputs": '"Engine call forms": both forms take the per-head parameters as a step does: no z, no '
+    "gate; no D, no skip; no dt_bias, + 0; softplus only when dt_softplus is set.",
+    "engine/packed-unowned-out": '"Packed (vLLM)": rows of out that no sequence owns are not written.',
+    "engine/packed-offsets-guard": '"What is refused, and what is guarded": offsets that do not ascend within the '
+    "call's tokens or give a sequence more than W tokens are recorded (code 3, token 0, value cu_seqlens[n + 1]) "
+    "and no state of that sequence is written.",
+    "engine/fault-table": '"What is refused, and what is guarded": ids are checked where they are used, each value '
+    "recorded only when its table says: a start cell of a sequence with a token, valid offsets and a valid count; "
+    "a destination cell of an existing token of a sequence not padded; a count when the offsets are valid, with no "
+    "tokens too; a parent at t >= 1 of a row storing into a buffer row; a buffer row of a row whose slot is a slot "
+    "of the cache.",
+    "engine/verify-parent-guard": '"What is refused, and what is guarded": a parent at or after its own token is '
+    "recorded (code 4, token t, the parent) and not followed; a negative parent is no fault: the token continues "
+    "from token t - 1.",
+    "engine/verify-buffer-layout": '"Verify (SGLang)": each (H, P, N) block of the buffer is contiguous; its row and '
+    "step strides are free (a buffer sliced from a larger one), for stores and for parents read back alike.",
+    "engine/buffer-dtype": '"Verify (SGLang)": the buffer has its own dtype, whatever the cache\'s: each stored '
+    "state is rounded to the buffer's dtype and parents are read back from it (or unrounded).",
     "bookkeeping/per-state": '"States: allocated or adopted": a State holds the states of its layers; two States of '
     "one kernel never share them (a step of one never moves the other).",
     "bookkeeping/per-kernel": '"One token": each kernel computes the equations for its own problem (its H and G), '
