@@ -14,7 +14,7 @@
 # one run; both build FlashInfer's modules of their call form first, in parallel), bench-engines (ssu
 # bench --engine vllm, then sglang: the engines' own kernels, loaded from the folder scripts/engine-kernels
 # writes, beside every GPU backend on the engines' calls; BENCH_ENGINES picks one), probe-packed (the
-# packed call's launch shapes on triton, PACKED_SHAPES of block_p:num_warps), background and collect
+# engine calls' launch shapes on triton, PACKED_SHAPES of block_p:num_warps, PROBE_CALLS of packed, verify), background and collect
 # (below).
 # Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
@@ -124,12 +124,12 @@ print("compiled lanes:", c.module() is not None, c.failure() or "", f"{time.perf
       timeout 580 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256,512}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-packed" 2>&1 \
       | grep --line-buffered -v '^\[ssu' | tee "$OUT/bench-packed.log" | tail -40 ;;
-    probe-packed) for shape in ${PACKED_SHAPES:-4:1 8:1 8:4 16:1 16:4}; do
+    probe-packed) for call in ${PROBE_CALLS:-packed}; do for shape in ${PACKED_SHAPES:-4:1 8:1 8:4 16:1 16:4}; do
         printf '[ssu.backends.triton]\nblock_p = %s\nnum_warps = %s\n' "${shape%%:*}" "${shape##*:}" >/tmp/packed-shape.toml
-        echo "--- block_p:num_warps $shape"
-        timeout 120 python3 -m ssu bench --call packed --tokens 4 --state-dtype fp32,bf16 --config /tmp/packed-shape.toml \
+        echo "--- $call block_p:num_warps $shape"
+        timeout 120 python3 -m ssu bench --call "$call" --tokens 4 --state-dtype fp32,bf16 --config /tmp/packed-shape.toml \
           --batches "${BENCH_BATCHES:-32,128,512}" --backends triton 2>&1 | grep --line-buffered -E '^triton +(fp32|bf16)'
-      done 2>&1 | tee "$OUT/probe-packed.log" ;;
+      done; done 2>&1 | tee "$OUT/probe-packed.log" ;;
     bench-verify) call_modules verify
       timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-verify" 2>&1 \

@@ -100,3 +100,23 @@ def test_the_engines_files_come_out_of_the_wheel_into_a_folder(tmp_path):
     assert any("NVIDIA_H100_80GB_HBM3" in n for n in names) and any("NVIDIA_H200" in n for n in names)
     loaded = engine_kernels.load("vllm", str(tmp_path), device_name=lambda: "cpu_interpreter")
     assert loaded.version == "0.34.0" and loaded.loaded.startswith("folder ")
+
+
+def test_the_check_of_a_large_call_reads_it_a_few_rows_at_a_time():
+    """The relative difference taken a few rows at a time (no float64 copy of a whole cache, which
+    a batch of 512 over four tokens makes several GB) is the one taken at once, a non-finite value
+    included."""
+    import math
+
+    import torch
+
+    from ssu.oracle import rel_error
+
+    gen = torch.Generator().manual_seed(3)
+    expected = torch.randn(70, 3, 5, generator=gen)
+    actual = expected + 1e-3 * torch.randn(70, 3, 5, generator=gen)
+    assert engines._rel_error_by_rows(actual, expected, rel_error, rows=8) == pytest.approx(
+        rel_error(actual, expected), rel=1e-12
+    )
+    actual[64, 1, 2] = float("nan")
+    assert engines._rel_error_by_rows(actual, expected, rel_error, rows=8) == math.inf
