@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from ssu.cli.main import main
 
@@ -123,3 +124,18 @@ def test_every_option_of_every_command_has_help():
         if action.option_strings and not isinstance(action, argparse._HelpAction) and not action.help
     ]
     assert not missing, missing
+
+
+def test_compare_says_below_noise_instead_of_a_negative_or_noisy_ssu_time():
+    """``ssu compare``'s SSU ms/token and share: the difference from the zeros' run where it
+    exceeds the step times' spread, never a negative time or share."""
+    from ssu.cli.compare import NOISE, ssu_share, step_spread
+
+    zeros = [0.010, 0.0101, 0.0099, 0.010, 0.0100]
+    assert step_spread(zeros) == pytest.approx(0.0000, abs=1e-4) and step_spread([0.01]) == 0.0
+    assert ssu_share([0.012, 0.0121, 0.0119, 0.012, 0.012], zeros) == ("2.000", "17 %")
+    assert ssu_share([0.0085, 0.0086, 0.0084, 0.0085, 0.0085], zeros) == (NOISE, NOISE)  # faster than zeros
+    assert ssu_share([0.0102, 0.008, 0.013, 0.0101, 0.0121], zeros) == (NOISE, NOISE)  # within its own spread
+    spread = [0.010 + 0.001 * (i % 5) for i in range(20)]  # a noisy zeros run hides a small difference
+    assert ssu_share([s + 0.0005 for s in spread], spread) == (NOISE, NOISE)
+    assert ssu_share([s + 0.003 for s in spread], spread)[0] == "3.000"
