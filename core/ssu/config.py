@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 import attrs
 
 from .errors import ConfigError
-from .options import build
+from .options import build, prefixed
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -171,7 +171,7 @@ def load_config(
         try:
             config = build(Config, {k: v for k, v in table.items()}, dotted)
         except ConfigError as exc:
-            raise ConfigError(f"{file}: {exc}") from None
+            raise ConfigError(prefixed(f"{file}: ", str(exc))) from None
         config = attrs.evolve(config, path=str(file))
         if "backend" in table:
             config = attrs.evolve(config, source=f"file {file}")

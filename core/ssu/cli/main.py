@@ -1,6 +1,6 @@
 """``ssu``: list backends, explain a choice, check a config, run a decode, verify a backend.
 
-Exit codes: 0 ok, 1 results wrong, 2 usage or config error. Errors print one message with its
+Exit codes: 0 ok, 1 results wrong, 2 usage or config error. Errors print one line each with its
 remedy, never a traceback (``SSU_DEBUG=1`` shows tracebacks).
 """
 
@@ -422,6 +422,15 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def error_lines(prefix: str, message: str) -> str:
+    """An error message as the command line prints it: each of its lines that starts a problem of
+    its own (a config table's several bad options) behind ``prefix``, one line per problem; an
+    indented line (a detail, such as each rejected backend of a resolution) stays under the line
+    before it, indented."""
+    lines = message.splitlines() or [""]
+    return "\n".join(f"  {line}" if line[:1].isspace() else f"{prefix}{line}" for line in lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``ssu`` command: parse, dispatch, and turn ssu's errors into messages and exit codes."""
     warnings.showwarning = _show_warning
@@ -431,8 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SSUError as exc:
         if os.environ.get("SSU_DEBUG"):
             raise
-        message = spoken(str(exc)).replace("\n", "\n  ")
-        print(f"ssu {args.command}: error: {message}", file=sys.stderr)
+        print(error_lines(f"ssu {args.command}: error: ", spoken(str(exc))), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # the reader stopped reading (``ssu backends --json | head -1``): not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
