@@ -40,7 +40,12 @@ def test_check_config(tmp_path, capsys):
     good = tmp_path / "ssu.toml"
     good.write_text('[ssu]\nbackend = ["reference"]\nvalidate = false\n')
     assert main(["check-config", str(good)]) == 0
-    assert "OK" in capsys.readouterr().out
+    assert capsys.readouterr().out == f'{good}: OK (backend = "reference", validate = false)\n'  # TOML's spelling
+    good.write_text('[ssu]\nbackend = ["reference", "auto"]\n')
+    assert main(["check-config", str(good)]) == 2  # auto stands alone
+    good.write_text('[ssu]\nvalidate = "full"\n')
+    assert main(["check-config", str(good)]) == 0
+    assert 'OK (backend = "reference", validate = "full")' in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
     bad.write_text('[ssu]\nbackend = "reference"\n[ssu.backends.refrence]\nx = 1\n')
     assert main(["check-config", str(bad)]) == 2
@@ -139,3 +144,17 @@ def test_compare_says_below_noise_instead_of_a_negative_or_noisy_ssu_time():
     spread = [0.010 + 0.001 * (i % 5) for i in range(20)]  # a noisy zeros run hides a small difference
     assert ssu_share([s + 0.0005 for s in spread], spread) == (NOISE, NOISE)
     assert ssu_share([s + 0.003 for s in spread], spread)[0] == "3.000"
+
+
+def test_check_config_prints_settings_as_toml(tmp_path, monkeypatch, capsys):
+    from ssu.cli.main import toml_value
+
+    assert [toml_value(v) for v in (True, False, "full", ("triton", "reference"))] == [
+        "true",
+        "false",
+        '"full"',
+        '["triton", "reference"]',
+    ]
+    monkeypatch.chdir(tmp_path)
+    assert main(["check-config"]) == 0
+    assert 'the defaults apply (backend = "reference", validate = true)' in capsys.readouterr().out

@@ -160,9 +160,23 @@ def cmd_explain(args) -> int:
     return EXIT_OK if resolution.selected else EXIT_USAGE
 
 
+def toml_value(value) -> str:
+    """``value`` as a TOML file spells it: ``true``/``false``, a quoted string, a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(toml_value(v) for v in value)}]"
+    return json.dumps(value)  # a JSON string is a TOML basic string
+
+
+def _settings(config) -> str:
+    """The configuration's backend and validate keys as TOML lines would set them, on one line."""
+    return f"backend = {toml_value(config.backend)}, validate = {toml_value(config.validate)}"
+
+
 def cmd_check_config(args) -> int:
     """Check a configuration file without running a kernel: backend names, option tables, option values."""
-    from ..config import find_config_file, load_config
+    from ..config import Config, find_config_file, load_config
     from ..errors import (
         BackendBrokenError,
         BackendDisabledError,
@@ -179,7 +193,7 @@ def cmd_check_config(args) -> int:
         if found is None:
             print(
                 f"no config file in {os.getcwd()} (ssu.toml, or pyproject.toml with [tool.ssu]): the defaults "
-                "apply (backend = reference, validate = true)"
+                f"apply ({_settings(Config())})"
             )
             return EXIT_OK
         path = str(found)
@@ -210,7 +224,7 @@ def cmd_check_config(args) -> int:
             validated_options(registry.load(name), config)  # an error names the file and the option
         except BackendError as exc:
             notes.append(f"options for {name!r} not checked: {exc}")
-    print(f"{path}: OK (backend = {', '.join(config.candidates)}, validate = {config.validate})")
+    print(f"{path}: OK ({_settings(config)})")
     for note in notes:
         print(f"  note: {note}")
     return EXIT_OK
