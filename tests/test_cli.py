@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -52,7 +53,9 @@ def test_check_config(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "did you mean 'reference'" in err and "Traceback" not in err
     assert main(["check-config", str(tmp_path / "missing.toml")]) == 2
-    assert "config file not found" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the remedy says what omitting the path reads, as find_config_file does
+    assert f"config file not found: {tmp_path / 'missing.toml'} (give an existing file, or none: then ssu.toml" in err
+    assert f"else a pyproject.toml with [tool.ssu], in the working directory {os.getcwd()} is read" in err
 
 
 def test_run_small(capsys):

@@ -100,7 +100,8 @@ def _read_toml(path: Path) -> dict:
         text = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(
-            f"config file not found: {path} (give an existing path, or omit it to use the defaults)"
+            f"config file not found: {path} (give an existing file, or none: then ssu.toml, else a pyproject.toml "
+            f"with [tool.ssu], in the working directory {Path.cwd()} is read, and without either the defaults apply)"
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
