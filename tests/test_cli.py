@@ -161,3 +161,17 @@ def test_check_config_prints_settings_as_toml(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["check-config"]) == 0
     assert 'the defaults apply (backend = "reference", validate = true)' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--state-dtype", "--input-dtype"])
+def test_every_dtype_an_unknown_dtype_error_suggests_is_accepted(option, capsys):
+    assert main(["explain", option, "int4", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "'int4' is not a dtype ssu knows; use one of " in err
+    suggested = err.strip().rsplit("use one of ", 1)[1].split(", ")
+    assert len(suggested) >= 3
+    for name in suggested:
+        assert main(["explain", option, name, *SMALL]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["verify", "--backend", "reference", "--state-dtype", "int4"]) == 2
+    assert capsys.readouterr().err.strip().endswith("use one of fp32, bf16, fp16, int8, fp8_e4m3")

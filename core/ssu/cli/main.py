@@ -319,13 +319,13 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
 def _state_dtypes(value: Optional[str], capabilities, backend: str):
     """``--state-dtype``'s dtypes (None when not given), each known and declared by the backend."""
     from ..conformance.runner import narrowed
-    from ..dtypes import dtype_name
+    from ..dtypes import STATE_DTYPES, dtype_name
     from ..errors import ConfigError
 
     if value is None:
         return None
     try:
-        names = [dtype_name(v.strip(), what="--state-dtype") for v in value.split(",") if v.strip()]
+        names = [dtype_name(v.strip(), what="--state-dtype", valid=STATE_DTYPES) for v in value.split(",") if v.strip()]
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     try:
