@@ -175,3 +175,13 @@ def test_every_dtype_an_unknown_dtype_error_suggests_is_accepted(option, capsys)
     capsys.readouterr()
     assert main(["verify", "--backend", "reference", "--state-dtype", "int4"]) == 2
     assert capsys.readouterr().err.strip().endswith("use one of fp32, bf16, fp16, int8, fp8_e4m3")
+
+
+def test_one_of_a_thing_is_singular(capsys):
+    args = ["run", "--layers", "1", "--steps", "1", "--pad-rows", "1", *SMALL]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "run             1 layer x 1 step, batch 2 (1 pad row)" in out and "; 1 layer-step checked" in out
+    assert main(["run", "--layers", "2", "--steps", "3", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "run             2 layers x 3 steps, batch 2" in out and "; 6 layer-steps checked" in out

@@ -7,7 +7,7 @@ import statistics
 from typing import Sequence
 
 from .problem_args import require_device
-from .usage import UsageError
+from .usage import UsageError, counted
 
 EXIT_OK, EXIT_WRONG = 0, 1
 #: what the SSU's time and share columns say where the difference from the zeros is within the noise
@@ -65,7 +65,8 @@ def _model(args):
             ),
             f"{args.arch} (random weights, preset "
             f"{args.preset}: H={hf_models.PRESETS[args.preset][0]} P={hf_models.PRESETS[args.preset][1]} "
-            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, {args.layers} layers)",
+            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, "
+            f"{counted(args.layers, 'layer')})",
         )
     where = args.checkpoint or args.hub
     return hf_models.pretrained_model(where, hub=bool(args.hub), dtype=dtype, device=args.device), where
@@ -136,7 +137,7 @@ def cmd_compare(args) -> int:
         print(
             f"one layer's SSU call in the decode steps through ssu: {above_zeros(result.through_ssu):.1f} us of host "
             "time above the zeros "
-            f"({len(result.through_ssu.call_seconds)} calls of {layers} layers)"
+            f"({counted(len(result.through_ssu.call_seconds), 'call')} of {counted(layers, 'layer')})"
             + ("" if kernel is None else f"; ssu's kernel alone: {kernel:.1f} us on the device (CUDA-graph replays)")
         )
     total = result.reference.logits.shape[0] * result.reference.logits.shape[1]

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from ..errors import SSUError
 from .problem_args import add_problem_args, check_device, problem_from_args, require_device
-from .usage import Parser, UsageError, spoken
+from .usage import Parser, UsageError, counted, spoken
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
@@ -259,7 +259,7 @@ def _check_memory(problem, layers: int) -> None:
     available = available_bytes(problem.device)
     if available is not None and needed > available:
         raise UsageError(
-            f"this run needs about {gib(needed)} ({layers} layers x {problem.num_slots} slots of "
+            f"this run needs about {gib(needed)} ({counted(layers, 'layer')} x {counted(problem.num_slots, 'slot')} of "
             f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
             f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes"
         )
@@ -359,8 +359,9 @@ def cmd_verify(args) -> int:
     profile = PROFILES[args.profile]
     examples = args.examples or profile.examples
     print(
-        f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} ({examples} drawn problems "
-        f"per check, {profile.real_shapes} real model shapes, decodes of {profile.decode_steps} steps"
+        f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} "
+        f"({counted(examples, 'drawn problem')} per check, {counted(profile.real_shapes, 'real model shape')}, "
+        f"decodes of {counted(profile.decode_steps, 'step')}"
         + (f", T capped at {profile.max_tokens}" if profile.max_tokens is not None else "")
         + (", corner cases" if profile.corners else "")
         + ")",
