@@ -185,3 +185,51 @@ def test_one_of_a_thing_is_singular(capsys):
     assert main(["run", "--layers", "2", "--steps", "3", *SMALL]) == 0
     out = capsys.readouterr().out
     assert "run             2 layers x 3 steps, batch 2" in out and "; 6 layer-steps checked" in out
+
+
+def test_the_readme_command_table_names_every_option_and_only_real_ones():
+    """Each option a row of README.md's command table names is one its command takes, and every
+    option and argument a command takes is named in one of its rows (``[problem options]``
+    stands for the options listed after the table, which must be add_problem_args' own)."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from ssu.cli.main import _parser
+    from ssu.cli.problem_args import add_problem_args
+
+    def options(parser) -> set:
+        return {
+            action.option_strings[-1]
+            for action in parser._actions
+            if action.option_strings and not isinstance(action, argparse._HelpAction)
+        }
+
+    text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    section = text.split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
+    listed = section.split("Problem options (of `explain` and `run`):", 1)[1].split("\n\n", 1)[0]
+    problem = set(re.findall(r"`(--[a-z][a-z0-9-]*)`", listed))
+    probe = argparse.ArgumentParser()
+    add_problem_args(probe)
+    assert problem == options(probe)
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    named: dict = {}
+    for usage in re.findall(r"^\| `(ssu [^`]*)` \|", section, re.M):
+        usage = usage.replace("\\|", "|")
+        word = usage.split()[1]
+        real = options(parser) if word.startswith("--") else options(commands[word])
+        given = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", usage))
+        if "[problem options]" in usage:
+            given |= problem
+        assert given <= real, f"README's `{usage}`: {sorted(given - real)} are no options of it"
+        named.setdefault(word, []).append((usage, given))
+    for name, sub in commands.items():
+        assert name in named, f"README's command table has no row for ssu {name}"
+        given = set().union(*(g for _, g in named[name]))
+        assert options(sub) <= given, f"README's rows of ssu {name} leave out {sorted(options(sub) - given)}"
+        for action in sub._actions:
+            if not action.option_strings:  # a positional argument: its name in capitals
+                assert any(re.search(rf"\b{action.dest.upper()}\b", usage) for usage, _ in named[name]), action.dest
+    assert named["--version"] and options(parser) == {"--version"}
