@@ -38,6 +38,11 @@ def test_a_machine_without_a_gpu_is_told_so():
         (["--batches", "x"], "--batches 'x'"),
         (["--nheads", "0"], "--nheads must be at least 1"),
         (["--device", "nope"], "--device 'nope' is not a device"),
+        (
+            ["--state-dtype", "int4"],
+            "--state-dtype: 'int4' is not a dtype ssu knows; use one of fp32, bf16, fp16, int8",
+        ),
+        (["--input-dtype", "int8"], "--input-dtype: int8 is not an input dtype"),
     ],
 )
 def test_bad_arguments(args, message, capsys):
