@@ -38,6 +38,11 @@ def test_a_machine_without_a_gpu_is_told_so():
         (["--batches", "x"], "--batches 'x'"),
         (["--nheads", "0"], "--nheads must be at least 1"),
         (["--device", "nope"], "--device 'nope' is not a device"),
+        (
+            ["--state-dtype", "int4"],
+            "--state-dtype: 'int4' is not a dtype ssu knows; use one of fp32, bf16, fp16, int8",
+        ),
+        (["--input-dtype", "int8"], "--input-dtype: int8 is not an input dtype"),
     ],
 )
 def test_bad_arguments(args, message, capsys):
@@ -178,3 +183,26 @@ def test_a_plain_cpu_smoke_run_takes_seconds_on_small_shapes(capsys):
         main(["bench", "--device", "cpu", "--backends", "reference", "--model", "mamba2-2.7b", "--batches", "1"]) == 0
     )
     assert "H=80 P=64 N=128 G=1" in capsys.readouterr().out
+
+
+def test_the_table_header_names_are_apart_and_aligned_with_the_rows():
+    import re
+
+    rows = [
+        row("flashinfer-replayssm+adopted", 1024, 1299.7, "fp8_e4m3", tokens=16),
+        row("triton", 1024, 1279.0, "fp8_e4m3", tokens=16),
+        row("t", 1, 3.25),
+    ]
+    rows[0] = measure.Row(rows[0].case, rows[0].us, traffic=(("state", 4.26e9),))
+    for ceiling, smoke in ((4.26, False), (None, True)):
+        lines = report.table(rows, ceiling, {"replay": "unavailable here"}, smoke=smoke).splitlines()
+        header, body = lines[0], lines[1 : 1 + len(rows)]
+        assert re.split(r" {2,}", header) == list(report.COLUMNS)  # names apart by two spaces at least
+        names = [m.span() for m in re.finditer(r"\S+(?: \S+)*", header)]
+        for line in body:
+            cells = [m.span() for m in re.finditer(r"\S+", line)]
+            assert len(cells) == len(names), line
+            for i, ((start, end), (cell_start, cell_end)) in enumerate(zip(names, cells)):
+                # the names' columns align left, the numbers' right, each under its name
+                assert (cell_start == start) if i < report.NAMED else (cell_end == end), (header, line)
+        assert lines[-1].startswith("replay" + " " * (len("flashinfer-replayssm+adopted") - len("replay") + 2))

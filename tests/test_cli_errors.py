@@ -186,3 +186,33 @@ def test_library_messages_speak_the_command_line(capsys):
     out = capsys.readouterr().out
     assert "device='" not in out
     assert "--device cuda" in out or "FlashInfer" not in out
+
+
+def test_a_config_with_several_errors_gives_one_line_per_error_each_naming_the_file(tmp_path):
+    (tmp_path / "two.toml").write_text('[ssu]\nbackend = "reference"\nvalidat = true\nbackedn = "x"\n')
+    result = ssu("check-config", "two.toml", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("ssu check-config: error: two.toml: ssu.validat: unknown option (did you mean 'valid")
+    assert lines[1].startswith("ssu check-config: error: two.toml: ssu.backedn: unknown option (did you mean 'backe")
+    (tmp_path / "ssu.toml").write_text(
+        '[ssu]\nbackend = "triton"\n[ssu.backends.triton]\nnum_wrps = 3\nphilox_rounds = "x"\n'
+    )
+    lines = ssu("check-config", cwd=tmp_path).stderr.strip().splitlines()
+    assert len(lines) == 2 and all(
+        line.startswith(f"ssu check-config: error: {tmp_path / 'ssu.toml'}: ") for line in lines
+    )
+    assert "num_wrps: unknown option" in lines[0] and "philox_rounds: expected an integer" in lines[1]
+
+
+def test_an_error_with_details_keeps_them_indented_under_it():
+    from ssu.cli.main import error_lines
+
+    message = "no backend of a, b can serve this problem:\n  - a: why\n  - b: why not"
+    assert error_lines("ssu run: error: ", message).splitlines() == [
+        "ssu run: error: no backend of a, b can serve this problem:",
+        "    - a: why",
+        "    - b: why not",
+    ]
+    assert error_lines("p: ", "one\ntwo") == "p: one\np: two" and error_lines("p: ", "") == "p: "

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["ssu.config", "ssu.dtypes", "ssu.options", "ssu.testing.checks"]
+MODULES = ["ssu.config", "ssu.dtypes", "ssu.options", "ssu.testing.checks", "ssu.cli.usage"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -81,6 +81,25 @@ def test_a_second_turn_continues_on_the_cache_ssu_wrote():
     assert torch.equal(second.sequences, own.sequences)
 
 
+def test_generate_and_a_second_turn_use_no_deprecated_cache_name(monkeypatch):
+    """The cache is read from a generate output and passed to the next turn under the name the
+    installed transformers takes: no FutureWarning, and no deprecation in its log (logged once
+    per process, so the log method is replaced for this test)."""
+    import logging
+    import warnings
+
+    logged = []
+    monkeypatch.setattr(logging.Logger, "warning_once", lambda self, *args, **kw: logged.append(args), raising=False)
+    model = hf_models.random_model("mamba2", "tiny", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        first = hf_models.generate(model, prompt(), 3)
+        turn = torch.cat([first.sequences, prompt(length=3, seed=1)], 1)
+        second = hf_models.generate(model, turn, 3, **{hf_models.cache_keyword(model): first.cache})
+    assert first.cache is not None and second.recurrent_states()
+    assert not [args for args in logged if "deprecated" in str(args)], logged
+
+
 def test_left_padding_a_changing_batch_and_beams():
     model = hf_models.random_model("mamba2", "tiny", 2)
     ids = prompt(batch=3)

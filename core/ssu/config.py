@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping, Optional, Union
 import attrs
 
 from .errors import ConfigError
-from .options import build
+from .options import build, prefixed
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -100,7 +100,8 @@ def _read_toml(path: Path) -> dict:
         text = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(
-            f"config file not found: {path} (give an existing path, or omit it to use the defaults)"
+            f"config file not found: {path} (give an existing file, or none: then ssu.toml, else a pyproject.toml "
+            f"with [tool.ssu], in the working directory {Path.cwd()} is read, and without either the defaults apply)"
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
@@ -171,7 +172,7 @@ def load_config(
         try:
             config = build(Config, {k: v for k, v in table.items()}, dotted)
         except ConfigError as exc:
-            raise ConfigError(f"{file}: {exc}") from None
+            raise ConfigError(prefixed(f"{file}: ", str(exc))) from None
         config = attrs.evolve(config, path=str(file))
         if "backend" in table:
             config = attrs.evolve(config, source=f"file {file}")

@@ -58,12 +58,14 @@ class DecodeReport:
 
     def summary(self) -> str:
         """The report as the lines ``ssu run`` prints: what ran, its errors against the reference, the verdict."""
+        from .cli.usage import counted
+
         layer_steps = self.layers * self.steps
         if self.checked:
             errors = (
                 f"max error       out {self.max_out_error:.2e} (budget {self.out_tolerance:.1e}), "
                 f"state {self.max_state_error:.2e} (budget {self.state_tolerance:.1e}); "
-                f"{self.checked_layer_steps} layer-steps checked"
+                f"{counted(self.checked_layer_steps, 'layer-step')} checked"
             )
             result = "OK" if self.ok else "WRONG"
         else:
@@ -72,8 +74,8 @@ class DecodeReport:
         lines = [
             f"backend         {self.backend}",
             f"problem         {self.problem.describe()}",
-            f"run             {self.layers} layers x {self.steps} steps, batch {self.batch}"
-            f"{f' ({self.pad_rows} pad rows)' if self.pad_rows else ''}",
+            f"run             {counted(self.layers, 'layer')} x {counted(self.steps, 'step')}, batch {self.batch}"
+            + (f" ({counted(self.pad_rows, 'pad row')})" if self.pad_rows else ""),
             f"step rate       {self.steps / self.seconds:.1f} steps/s, kernel calls only (checks not timed)"
             if self.seconds
             else "step rate       -",

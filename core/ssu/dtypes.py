@@ -3,7 +3,7 @@ capabilities and listings never need torch; conversion to ``torch.dtype`` happen
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from .errors import ConfigError
 
@@ -60,8 +60,10 @@ def state_slot_bytes(nheads: int, headdim: int, dstate: int, state_dtype: str) -
     return nheads * headdim * dstate * ITEMSIZE[state_dtype] + scales
 
 
-def dtype_name(value: Any, *, what: str = "dtype") -> str:
-    """Return the canonical short name of ``value`` (a string or a ``torch.dtype``).
+def dtype_name(value: Any, *, what: str = "dtype", valid: Optional[Sequence[str]] = None) -> str:
+    """Return the canonical short name of ``value`` (a string or a ``torch.dtype``). A name ssu
+    does not know is an error whose remedy lists ``valid`` (the dtypes ``what`` may be; default
+    every known one), so that it never suggests one the caller then refuses.
 
     >>> dtype_name("bfloat16")
     'bf16'
@@ -69,8 +71,8 @@ def dtype_name(value: Any, *, what: str = "dtype") -> str:
     key = str(value).lower()
     if key in _ALIASES:
         return _ALIASES[key]
-    valid = ", ".join(sorted({v for v in _ALIASES.values()}))
-    raise ConfigError(f"{what}: {value!r} is not a dtype ssu knows; use one of {valid}")
+    names = ", ".join(valid if valid is not None else sorted(set(_ALIASES.values())))
+    raise ConfigError(f"{what}: {value!r} is not a dtype ssu knows; use one of {names}")
 
 
 def to_torch(name: str):

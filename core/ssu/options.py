@@ -22,6 +22,12 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def prefixed(prefix: str, message: str) -> str:
+    """``message`` with ``prefix`` (e.g. the file) before each of its lines: a table's several
+    problems are one line each (:func:`build`), and each line must say where it is."""
+    return "\n".join(f"{prefix}{line}" for line in message.splitlines())
+
+
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -63,7 +69,8 @@ def matches(value: Any, tp: Any) -> bool:
 
 
 def build(cls: type, data: dict, path: str) -> Any:
-    """Instantiate attrs class ``cls`` from ``data``, refusing unknown keys and wrong types.
+    """Instantiate attrs class ``cls`` from ``data``, refusing unknown keys and wrong types (all of
+    them at once, one line each).
 
     >>> import attrs
     >>> @attrs.frozen

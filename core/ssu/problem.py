@@ -16,7 +16,7 @@ def _positive(instance, attribute, value) -> None:
 
 
 def _state_dtype(value: Any) -> str:
-    name = dtype_name(value, what="Problem.state_dtype")
+    name = dtype_name(value, what="Problem.state_dtype", valid=STATE_DTYPES)
     if name not in STATE_DTYPES:
         raise ConfigError(
             f"Problem.state_dtype: {name} is not a state cache dtype; use one of {', '.join(STATE_DTYPES)}"
@@ -25,7 +25,7 @@ def _state_dtype(value: Any) -> str:
 
 
 def _input_dtype(value: Any) -> str:
-    name = dtype_name(value, what="Problem.input_dtype")
+    name = dtype_name(value, what="Problem.input_dtype", valid=INPUT_DTYPES)
     if name not in INPUT_DTYPES:
         raise ConfigError(f"Problem.input_dtype: {name} is not an input dtype; use one of {', '.join(INPUT_DTYPES)}")
     return name

@@ -15,7 +15,7 @@ import attrs
 from .config import AUTO, ENV_BACKEND, Config
 from .errors import BackendError, BackendUnavailableError, ConfigError
 from .firstparty import FIRST_PARTY, RESERVED
-from .options import build, did_you_mean
+from .options import build, did_you_mean, prefixed
 from .problem import Problem
 from .registry import LoadedBackend, Registry, missing_backend_error
 
@@ -62,7 +62,7 @@ def validated_options(loaded: LoadedBackend, config: Config) -> Any:
     try:
         return build(cls, table, f"ssu.backends.{name}")
     except ConfigError as exc:
-        raise ConfigError(f"{where}{exc}") from None
+        raise ConfigError(prefixed(where, str(exc))) from None
 
 
 def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -> tuple[LoadedBackend, Any, tuple]:

@@ -26,18 +26,29 @@ SMOKE_ADVICE = (
 )
 
 
+#: the table's columns; the first :data:`NAMED` hold names and align left, the others numbers, right
+COLUMNS = ("backend", "state", "T", "batch", "us/step", "TB/s", "of copy", "floor us", "of floor", "vs fastest")
+NAMED = 2
+
+
+def _line(cells: Iterable[str], widths: list[int]) -> str:
+    """One line of the table: each cell padded to its column's width, two spaces between columns
+    (a column name of two words stays apart from its neighbours)."""
+    return "  ".join(
+        cell.ljust(width) if i < NAMED else cell.rjust(width) for i, (cell, width) in enumerate(zip(cells, widths))
+    ).rstrip()
+
+
 def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict, smoke: bool = False) -> str:
     """One line per measured case: time, bandwidth, fraction of the copy ceiling, the traffic
     floor (the bytes the backend's step must move, at the copy ceiling) and the fraction of it the
     step reaches, and how much slower than the fastest backend of that state dtype, tokens and
-    batch. A ``smoke`` run (wall-clock times on the CPU) shows times only: no bandwidth, no ranking."""
+    batch. A ``smoke`` run (wall-clock times on the CPU) shows times only: no bandwidth, no ranking.
+    Each column is as wide as its widest cell, its name included."""
     best = {}
     for r in rows:
         best[_key(r)] = min(best.get(_key(r), r.us), r.us)
-    lines = [
-        f"{'backend':22s} {'state':8s} {'T':>2s} {'batch':>6s} {'us/step':>10s} {'TB/s':>6s} "
-        f"{'of copy':>8s} {'floor us':>9s} {'of floor':>8s} {'vs fastest':>10s}"
-    ]
+    cells = [COLUMNS]
     for r in sorted(rows, key=lambda r: (_key(r), r.us)):
         c = r.case
         of_copy = f"{r.tbps / ceiling_tbps:.0%}" if ceiling_tbps else "-"
@@ -46,10 +57,10 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict, smoke: 
         floor_us, of_floor = ("-", "-") if floor is None else (f"{floor:.1f}", f"{floor / r.us:.0%}")
         tbps = "-" if smoke else f"{r.tbps:.2f}"
         versus = "-" if smoke else ("fastest" if ratio == 1 else f"{ratio:.2f}x")
-        lines.append(
-            f"{c.backend:22s} {c.state_dtype:8s} {c.tokens:2d} {c.batch:6d} {r.us:10.1f} {tbps:>6s} "
-            f"{of_copy:>8s} {floor_us:>9s} {of_floor:>8s} {versus:>10s}"
-        )
+        numbers = (str(c.tokens), str(c.batch), f"{r.us:.1f}", tbps, of_copy, floor_us, of_floor, versus)
+        cells.append((c.backend, c.state_dtype, *numbers))
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = [_line(row, widths) for row in cells]
     if not smoke:
         lines += state_speedups(rows)
     eager = sorted({r.case.backend for r in rows if r.timing == "eager"})
@@ -58,7 +69,7 @@ def table(rows: list[Row], ceiling_tbps: Optional[float], refused: dict, smoke: 
             f"timed eagerly between CUDA events, host launch time included (no CUDA-graph capture): {', '.join(eager)}"
         )
     for name, reason in refused.items():
-        lines.append(f"{name:22s} not measured: {reason}")
+        lines.append(f"{name.ljust(widths[0])}  not measured: {reason}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ import datetime
 import platform
 import sys
 
-from .problem_args import MODELS, check_device, require_device
+from .problem_args import MODELS, check_device, in_option_words, require_device
 from .usage import UsageError, spoken
 
 EXIT_OK = 0
@@ -111,7 +111,7 @@ def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
                 engine_state=args.call != "step",
             )
         except SSUError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(in_option_words(str(exc))) from None
         verdict = explain(config.with_backend(name, "ssu bench"), problem, registry)
         if verdict.selected == name:
             chosen.append(name)

@@ -3,10 +3,15 @@ through ssu, side by side: token agreement, the largest logit difference, time p
 
 from __future__ import annotations
 
+import statistics
+from typing import Sequence
+
 from .problem_args import require_device
-from .usage import UsageError
+from .usage import UsageError, counted
 
 EXIT_OK, EXIT_WRONG = 0, 1
+#: what the SSU's time and share columns say where the difference from the zeros is within the noise
+NOISE = "below noise"
 
 
 def add_compare_parser(sub) -> None:
@@ -60,7 +65,8 @@ def _model(args):
             ),
             f"{args.arch} (random weights, preset "
             f"{args.preset}: H={hf_models.PRESETS[args.preset][0]} P={hf_models.PRESETS[args.preset][1]} "
-            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, {args.layers} layers)",
+            f"N={hf_models.PRESETS[args.preset][2]} G={hf_models.PRESETS[args.preset][3]}, "
+            f"{counted(args.layers, 'layer')})",
         )
     where = args.checkpoint or args.hub
     return hf_models.pretrained_model(where, hub=bool(args.hub), dtype=dtype, device=args.device), where
@@ -109,7 +115,7 @@ def cmd_compare(args) -> int:
         rows.append(("zeros (no SSU)", result.null_ssu))
     layers = len(find_mixers(model))
     print(
-        f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>10s} {'SSU call us':>12s} "
+        f"{'path':22s} {'ms/token':>9s} {'SSU ms/token':>13s} {'SSU share':>12s} {'SSU call us':>12s} "
         f"{'above zeros':>12s}"
     )
 
@@ -120,11 +126,10 @@ def cmd_compare(args) -> int:
     for name, run in rows:
         ssu_time = share = above = "-"
         if result.null_ssu is not None and run is not result.null_ssu:
-            spent = (run.per_token - result.null_ssu.per_token) * 1e3
-            ssu_time, share = f"{spent:.3f}", f"{100 * spent / (run.per_token * 1e3):.0f} %"
+            ssu_time, share = ssu_share(run.step_seconds, result.null_ssu.step_seconds)
             above = f"{above_zeros(run):.1f}"
         print(
-            f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>10s} {run.per_call * 1e6:12.1f} "
+            f"{name:22s} {run.per_token * 1e3:9.3f} {ssu_time:>13s} {share:>12s} {run.per_call * 1e6:12.1f} "
             f"{above:>12s}"
         )
     if result.null_ssu is not None:
@@ -132,7 +137,7 @@ def cmd_compare(args) -> int:
         print(
             f"one layer's SSU call in the decode steps through ssu: {above_zeros(result.through_ssu):.1f} us of host "
             "time above the zeros "
-            f"({len(result.through_ssu.call_seconds)} calls of {layers} layers)"
+            f"({counted(len(result.through_ssu.call_seconds), 'call')} of {counted(layers, 'layer')})"
             + ("" if kernel is None else f"; ssu's kernel alone: {kernel:.1f} us on the device (CUDA-graph replays)")
         )
     total = result.reference.logits.shape[0] * result.reference.logits.shape[1]
@@ -151,11 +156,34 @@ def cmd_compare(args) -> int:
         print(f"first divergence: sequence {first[0]}, token {first[1]}: {verdict}")
     print(
         "(ms/token: the median decode step after the first token, over 3 turns of each path; SSU ms/token and "
-        "share: its difference from a run whose SSU returns zeros, which moves with the host; SSU call us: the "
+        f"share: its difference from a run whose SSU returns zeros, which moves with the host ({NOISE}: not "
+        "larger than half the interquartile range of either run's step times); SSU call us: the "
         "median host time of a layer's one-token SSU call where the mixer makes it; above zeros: that less the "
         "zeros' own)"
     )
     return EXIT_OK if result.divergence_within_rounding() else EXIT_WRONG
+
+
+def step_spread(seconds: Sequence[float]) -> float:
+    """Half the interquartile range of a run's step times: how far its steps scatter with the host,
+    the least a difference of two runs' medians must exceed to be the SSU's and not the noise's."""
+    if len(seconds) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(seconds, n=4, method="inclusive")
+    return (high - low) / 2
+
+
+def ssu_share(steps: Sequence[float], zeros: Sequence[float]) -> tuple[str, str]:
+    """The "SSU ms/token" and "SSU share" cells of a run whose decode steps took ``steps``
+    seconds, against the run whose SSU returns zeros (``zeros``): the difference of their median
+    step times and its share of the run's median, or :data:`NOISE` in both where that difference
+    is within either run's :func:`step_spread` (a negative one always: no SSU takes less than no
+    time, so the host's drift made it)."""
+    per_token = statistics.median(steps)
+    spent = per_token - statistics.median(zeros)
+    if spent <= max(step_spread(steps), step_spread(zeros)):
+        return NOISE, NOISE
+    return f"{spent * 1e3:.3f}", f"{100 * spent / per_token:.0f} %"
 
 
 def ssu_backend(model) -> str:

@@ -1,6 +1,6 @@
 """``ssu``: list backends, explain a choice, check a config, run a decode, verify a backend.
 
-Exit codes: 0 ok, 1 results wrong, 2 usage or config error. Errors print one message with its
+Exit codes: 0 ok, 1 results wrong, 2 usage or config error. Errors print one line each with its
 remedy, never a traceback (``SSU_DEBUG=1`` shows tracebacks).
 """
 
@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from ..errors import SSUError
 from .problem_args import add_problem_args, check_device, problem_from_args, require_device
-from .usage import Parser, UsageError, spoken
+from .usage import Parser, UsageError, counted, spoken
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
@@ -160,9 +160,23 @@ def cmd_explain(args) -> int:
     return EXIT_OK if resolution.selected else EXIT_USAGE
 
 
+def toml_value(value) -> str:
+    """``value`` as a TOML file spells it: ``true``/``false``, a quoted string, a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(toml_value(v) for v in value)}]"
+    return json.dumps(value)  # a JSON string is a TOML basic string
+
+
+def _settings(config) -> str:
+    """The configuration's backend and validate keys as TOML lines would set them, on one line."""
+    return f"backend = {toml_value(config.backend)}, validate = {toml_value(config.validate)}"
+
+
 def cmd_check_config(args) -> int:
     """Check a configuration file without running a kernel: backend names, option tables, option values."""
-    from ..config import find_config_file, load_config
+    from ..config import Config, find_config_file, load_config
     from ..errors import (
         BackendBrokenError,
         BackendDisabledError,
@@ -179,7 +193,7 @@ def cmd_check_config(args) -> int:
         if found is None:
             print(
                 f"no config file in {os.getcwd()} (ssu.toml, or pyproject.toml with [tool.ssu]): the defaults "
-                "apply (backend = reference, validate = true)"
+                f"apply ({_settings(Config())})"
             )
             return EXIT_OK
         path = str(found)
@@ -210,7 +224,7 @@ def cmd_check_config(args) -> int:
             validated_options(registry.load(name), config)  # an error names the file and the option
         except BackendError as exc:
             notes.append(f"options for {name!r} not checked: {exc}")
-    print(f"{path}: OK (backend = {', '.join(config.candidates)}, validate = {config.validate})")
+    print(f"{path}: OK ({_settings(config)})")
     for note in notes:
         print(f"  note: {note}")
     return EXIT_OK
@@ -245,7 +259,7 @@ def _check_memory(problem, layers: int) -> None:
     available = available_bytes(problem.device)
     if available is not None and needed > available:
         raise UsageError(
-            f"this run needs about {gib(needed)} ({layers} layers x {problem.num_slots} slots of "
+            f"this run needs about {gib(needed)} ({counted(layers, 'layer')} x {counted(problem.num_slots, 'slot')} of "
             f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
             f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes"
         )
@@ -305,13 +319,13 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
 def _state_dtypes(value: Optional[str], capabilities, backend: str):
     """``--state-dtype``'s dtypes (None when not given), each known and declared by the backend."""
     from ..conformance.runner import narrowed
-    from ..dtypes import dtype_name
+    from ..dtypes import STATE_DTYPES, dtype_name
     from ..errors import ConfigError
 
     if value is None:
         return None
     try:
-        names = [dtype_name(v.strip(), what="--state-dtype") for v in value.split(",") if v.strip()]
+        names = [dtype_name(v.strip(), what="--state-dtype", valid=STATE_DTYPES) for v in value.split(",") if v.strip()]
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -345,8 +359,9 @@ def cmd_verify(args) -> int:
     profile = PROFILES[args.profile]
     examples = args.examples or profile.examples
     print(
-        f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} ({examples} drawn problems "
-        f"per check, {profile.real_shapes} real model shapes, decodes of {profile.decode_steps} steps"
+        f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} "
+        f"({counted(examples, 'drawn problem')} per check, {counted(profile.real_shapes, 'real model shape')}, "
+        f"decodes of {counted(profile.decode_steps, 'step')}"
         + (f", T capped at {profile.max_tokens}" if profile.max_tokens is not None else "")
         + (", corner cases" if profile.corners else "")
         + ")",
@@ -422,6 +437,15 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def error_lines(prefix: str, message: str) -> str:
+    """An error message as the command line prints it: each of its lines that starts a problem of
+    its own (a config table's several bad options) behind ``prefix``, one line per problem; an
+    indented line (a detail, such as each rejected backend of a resolution) stays under the line
+    before it, indented."""
+    lines = message.splitlines() or [""]
+    return "\n".join(f"  {line}" if line[:1].isspace() else f"{prefix}{line}" for line in lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``ssu`` command: parse, dispatch, and turn ssu's errors into messages and exit codes."""
     warnings.showwarning = _show_warning
@@ -431,8 +455,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SSUError as exc:
         if os.environ.get("SSU_DEBUG"):
             raise
-        message = spoken(str(exc)).replace("\n", "\n  ")
-        print(f"ssu {args.command}: error: {message}", file=sys.stderr)
+        print(error_lines(f"ssu {args.command}: error: ", spoken(str(exc))), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # the reader stopped reading (``ssu backends --json | head -1``): not an error
         devnull = os.open(os.devnull, os.O_WRONLY)

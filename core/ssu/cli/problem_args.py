@@ -83,12 +83,17 @@ def problem_from_args(args: argparse.Namespace):
             device=args.device,
         )
     except ConfigError as exc:
-        message = str(exc)
-        for field, option in (
-            ("state_dtype", "--state-dtype"),
-            ("input_dtype", "--input-dtype"),
-            ("nheads", "--nheads"),
-            ("ngroups", "--ngroups"),
-        ):
-            message = message.replace(f"Problem.{field}", option).replace(f"{field}=", f"{option} ")
-        raise UsageError(message) from None
+        raise UsageError(in_option_words(str(exc))) from None
+
+
+def in_option_words(message: str) -> str:
+    """A :class:`~ssu.Problem`'s error in the options' names (``Problem.state_dtype`` ->
+    ``--state-dtype``), as the user typed them."""
+    for field, option in (
+        ("state_dtype", "--state-dtype"),
+        ("input_dtype", "--input-dtype"),
+        ("nheads", "--nheads"),
+        ("ngroups", "--ngroups"),
+    ):
+        message = message.replace(f"Problem.{field}", option).replace(f"{field}=", f"{option} ")
+    return message

@@ -58,7 +58,11 @@ class CheckReport:
         """What the cases that ran spanned: shapes, tokens, dtypes, layouts, pad ids, options."""
         if not self.ran:
             return "no case ran"
+        from ..cli.usage import counted
+
         problems = [c.problem for c in self.ran]
+        real = sum(bool(c.label) and not c.label.startswith("corner") for c in self.ran)
+        corners = sum(c.label.startswith("corner") for c in self.ran)
 
         def span(values) -> str:
             values = sorted(set(values))
@@ -69,8 +73,7 @@ class CheckReport:
 
         return ", ".join(
             [
-                f"{len(self.ran)} cases ({sum(bool(c.label) and not c.label.startswith('corner') for c in self.ran)} "
-                f"at real shapes, {sum(c.label.startswith('corner') for c in self.ran)} corners)",
+                f"{counted(len(self.ran), 'case')} ({real} at real shapes, {counted(corners, 'corner')})",
                 f"H {span(p.nheads for p in problems)}",
                 f"P {span(p.headdim for p in problems)}",
                 f"N {span(p.dstate for p in problems)}",

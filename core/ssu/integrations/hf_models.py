@@ -226,15 +226,24 @@ def generate(model, input_ids, new_tokens: int, *, attention_mask=None, **kwargs
         **kwargs,
     )
     return Generation(
-        out.sequences, torch.stack(out.logits, 1), [b - a for a, b in zip(stamps, stamps[1:])], out.past_key_values
+        out.sequences, torch.stack(out.logits, 1), [b - a for a, b in zip(stamps, stamps[1:])], _cache_of(out)
     )
 
 
+def _cache_of(out):
+    """The cache a ``generate`` output holds: its ``cache`` field where it has one (reading the
+    older name ``past_key_values`` there logs transformers' deprecation warning), else
+    ``past_key_values`` (transformers before that rename)."""
+    return out.cache if "cache" in getattr(type(out), "__dataclass_fields__", {}) else out.past_key_values
+
+
 def cache_keyword(model) -> str:
-    """How ``generate`` takes an existing cache: ``cache_params`` (Mamba2) or ``past_key_values``."""
+    """How ``generate`` takes an existing cache: ``cache`` where the model's forward takes it (the
+    older names are deprecated there), else ``cache_params`` (Mamba2) or ``past_key_values``."""
     import inspect
 
-    return "cache_params" if "cache_params" in inspect.signature(model.forward).parameters else "past_key_values"
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "cache_params") if name in parameters), "past_key_values")
 
 
 @attrs.define

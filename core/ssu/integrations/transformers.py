@@ -222,7 +222,7 @@ def patch(model, config=None, *, state_rounding: Optional[str] = None, **options
     if state_rounding is not None:
         from ..dtypes import QUANTIZED_STATE_DTYPES, dtype_name
 
-        state_rounding = dtype_name(state_rounding, what="state_rounding")
+        state_rounding = dtype_name(state_rounding, what="state_rounding", valid=QUANTIZED_STATE_DTYPES)
         if state_rounding not in QUANTIZED_STATE_DTYPES:
             raise ConfigError(
                 f"state_rounding: {state_rounding} is not an 8-bit state dtype; use one of "
