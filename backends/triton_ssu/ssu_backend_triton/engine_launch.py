@@ -26,12 +26,24 @@ class Shape(NamedTuple):
     num_warps: int
 
 
-def default_shape(problem) -> Shape:
-    """A program of two warps per tile of about 2048 values (at least one row, at most all of P):
+#: programs a launch of the engine call kernels should have at least, where the tile allows: about
+#: sixteen per SM of an H100, below which a small batch leaves the GPU waiting on few long programs
+MIN_PROGRAMS = 2048
+
+
+def default_shape(problem, batch: int = 0) -> Shape:
+    """A program of two warps per tile of about 2048 values (at least one row, at most all of P),
     the fastest of the shapes timed for vLLM's packed call on an H100 at T = 4, batches 32 to 512,
-    fp32 and bf16 states (docs/benchmarks.md, "Engine call forms")."""
-    rows = max(1, 2048 // next_power_of_2(problem.dstate))
-    return Shape(min(next_power_of_2(rows), next_power_of_2(problem.headdim)), 2)
+    fp32 and bf16 states; a batch (sequences or rows) too small to give :data:`MIN_PROGRAMS` such
+    programs takes tiles of fewer rows (down to 4) with a warp per 1024 values, which timed faster
+    at batches 1 and 2 for both call forms (docs/benchmarks.md, "Engine call forms")."""
+    width = next_power_of_2(problem.dstate)
+    rows = min(next_power_of_2(max(1, 2048 // width)), next_power_of_2(problem.headdim))
+    if batch <= 0:
+        return Shape(rows, 2)
+    while rows > 4 and cdiv(problem.headdim, rows) * problem.nheads * batch < MIN_PROGRAMS:
+        rows //= 2
+    return Shape(rows, max(1, min(2, rows * width // 1024)))
 
 
 class _Layer(NamedTuple):
@@ -65,8 +77,8 @@ class EngineLaunches:
         self.quantized = p.quantized
         pinned = Shape(self.options.block_p, self.options.num_warps or 4) if self.options.block_p else None
         self.pinned = pinned
-        #: the launch shape of each batch (1..max_batch): pinned, tuned by warmup, or the default
-        self.shapes = [pinned or default_shape(p)] * (p.max_batch + 1)
+        #: the launch shape of each batch (1..max_batch): pinned, or the default for that batch
+        self.shapes = [pinned or default_shape(p, b) for b in range(p.max_batch + 1)]
 
     def _common(self, state, layer, A, D, dt_bias):
         p = self.problem

@@ -208,3 +208,20 @@ class _Replay:
             verify_step = packed_step
 
         return Replayed()
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 32, 512])
+def test_a_small_batch_gets_smaller_tiles_and_enough_programs(batch):
+    """The engine calls' launch shape: the large-batch tile (16 rows of P, two warps at N = 128)
+    from the batch that fills the GPU with it; below, tiles of fewer rows (down to 4) with a warp
+    per 1024 values, until the launch has MIN_PROGRAMS programs."""
+    from ssu_backend_triton.engine_launch import MIN_PROGRAMS, Shape, default_shape
+
+    p = ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8, state_dtype="fp32", input_dtype="bf16",
+                    num_slots=8, max_batch=4, tokens_per_step=4, engine_calls={"packed"})  # fmt: skip
+    shape = default_shape(p, batch)
+    programs = -(-p.headdim // shape.block_p) * p.nheads * batch
+    assert programs >= MIN_PROGRAMS or shape.block_p == 4
+    assert shape.num_warps == max(1, min(2, shape.block_p * 128 // 1024))
+    if 4 * 128 * batch >= MIN_PROGRAMS:
+        assert shape == Shape(16, 2) == default_shape(p)
