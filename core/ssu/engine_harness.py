@@ -38,6 +38,7 @@ class PackedCall:
     z: object = None
     dt_bias: object = None
     dt_softplus: bool = True
+    out: object = None
 
     def kwargs(self) -> dict:
         return attrs.asdict(self, recurse=False)
@@ -61,14 +62,101 @@ class VerifyCall:
     buffer: object = None
     buffer_rows: object = None
     parents: object = None
+    out: object = None
 
     def kwargs(self) -> dict:
         return attrs.asdict(self, recurse=False)
 
 
-def _inputs(problem, lead: tuple, gen, *, expanded: bool, with_z: bool, weights: Optional[dict]) -> dict:
+#: how the inputs of an engine call (x, dt, B, C, z and a given out) sit in memory: as allocated;
+#: each token's row contiguous, the token stride free (slices of a projection, as engines pass
+#: them); every dimension strided
+INPUT_LAYOUTS = ("contiguous", "rows", "strided")
+#: how an engine call's index tables (the packed call's slot and destination tables, a verify
+#: call's parents) and a verify call's buffer sit in memory: as allocated; a view with strides of
+#: its own (every other column of a wider table; buffer rows and steps further apart, each
+#: (H, P, N) block contiguous); transposed storage (tables only)
+TABLE_LAYOUTS = ("contiguous", "strided", "transposed")
+BUFFER_LAYOUTS = ("contiguous", "strided")
+
+
+def laid_out(t, layout: str, lead: int, *, aligned: bool = False):
+    """``t``'s values in a new tensor of ``layout`` (:data:`INPUT_LAYOUTS`), its first ``lead``
+    dimensions being the leading (token, or row and token) ones; with ``aligned`` each row of the
+    "rows" layout starts at a multiple of 16 bytes (what ``contiguous_rows`` asks). The memory
+    around the view is NaN, so a read past a row shows."""
+    import math
+
+    import torch
+
+    if t is None or layout == "contiguous":
+        return t
+    if layout == "rows":
+        inner = t.shape[lead:]
+        width = math.prod(inner)
+        packet = max(16 // t.element_size(), 1)
+        row = width + ((-width) % packet + packet if aligned else 3)
+        strides, step = [], 1
+        for size in reversed(inner):
+            strides.append(step)
+            step *= size
+        lead_strides, step = [], row
+        for size in reversed(t.shape[:lead]):
+            lead_strides.append(step)
+            step *= size
+        big = torch.full((max(step, 1),), float("nan"), dtype=t.dtype, device=t.device)
+        view = big.as_strided(t.shape, tuple(reversed(lead_strides)) + tuple(reversed(strides)))
+        view.copy_(t)
+        return view
+    big = torch.full((*t.shape, 2), float("nan"), dtype=t.dtype, device=t.device)
+    view = big[..., 0]
+    view.copy_(t)
+    return view
+
+
+def table_laid_out(t, layout: str, fill: int):
+    """An index table's values in a new tensor of ``layout`` (:data:`TABLE_LAYOUTS`); the cells
+    around a strided view hold ``fill`` (an id outside the cache, which a misread then uses)."""
+    import torch
+
+    if t is None or layout == "contiguous":
+        return t
+    if layout == "transposed":
+        return t.t().contiguous().t()
+    rows, cols = t.shape
+    big = torch.full((rows, 2 * cols + 1), fill, dtype=t.dtype, device=t.device)
+    view = big[:, 1::2]
+    view.copy_(t)
+    return view
+
+
+def buffer_laid_out(t, layout: str):
+    """An intermediate-state buffer's values in a new tensor of ``layout`` (:data:`BUFFER_LAYOUTS`):
+    "strided" takes every other row of a buffer with two steps more per row, so rows and steps
+    have strides of their own while each (H, P, N) block stays contiguous; the memory around it
+    is NaN."""
+    import torch
+
+    if t is None or layout == "contiguous":
+        return t
+    rows, steps = t.shape[:2]
+    big = torch.full((2 * rows, steps + 2, *t.shape[2:]), float("nan"), dtype=t.dtype, device=t.device)
+    view = big[::2, 1 : steps + 1]
+    view.copy_(t)
+    return view
+
+
+def _inputs(
+    problem, lead: tuple, gen, *, expanded: bool, with_z: bool, weights: Optional[dict],
+    layout: str = "contiguous", aligned: bool = False, out: bool = False, dt_dtype: Optional[str] = None,
+    softplus: bool = True, out_layout: Optional[str] = None,
+) -> dict:  # fmt: skip
     """Random x, dt, B, C, z and a layer's weights for tensors whose leading dimensions are ``lead``
-    (dt and the per-head weights expanded over P and N with stride 0 where ``expanded``)."""
+    (dt and the per-head weights expanded over P and N with stride 0 where ``expanded``), laid
+    out as ``layout``; with ``out`` an output tensor like x, filled with NaN, laid out as
+    ``out_layout`` (default ``layout``); dt in ``dt_dtype``
+    (default x's). Without ``softplus`` dt and dt_bias are small and positive, so that their sum
+    stays a time step."""
     import torch
 
     from .dtypes import to_torch
@@ -76,17 +164,27 @@ def _inputs(problem, lead: tuple, gen, *, expanded: bool, with_z: bool, weights:
     p = problem
     dtype = to_torch(p.input_dtype)
     weights = layer_weights(p, gen) if weights is None else weights
+    k = len(lead)
 
     def draw(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(p.device)
+        values = (torch.randn(*shape, generator=gen) * scale).to(dtype).to(p.device)
+        return laid_out(values, layout, k, aligned=aligned)
 
-    dt = (torch.rand(*lead, p.nheads, generator=gen) * 3.0 - 2.0).to(dtype).to(p.device)
+    dt = torch.rand(*lead, p.nheads, generator=gen) * 3.0 - 2.0
     A, D, bias = weights["A"], weights.get("D"), weights.get("dt_bias")
+    if not softplus:
+        dt = dt.abs() * 0.1 + 0.01
+        bias = None if bias is None else (bias.float().abs() * 0.02 + 0.01).to(bias.dtype)
+    dt = laid_out(dt.to(to_torch(dt_dtype) if dt_dtype else dtype).to(p.device), layout, k, aligned=aligned)
     if expanded:
         dt = dt[..., None].expand(*dt.shape, p.headdim)
         A = A[:, None, None].expand(-1, p.headdim, p.dstate)
         D = None if D is None else D[:, None].expand(-1, p.headdim)
         bias = None if bias is None else bias[:, None].expand(-1, p.headdim)
+    given = None
+    if out:
+        given = laid_out(torch.full((*lead, p.nheads, p.headdim), float("nan"), dtype=dtype, device=p.device),
+                         out_layout or layout, k, aligned=aligned)  # fmt: skip
     return dict(
         x=draw(*lead, p.nheads, p.headdim),
         dt=dt,
@@ -96,6 +194,7 @@ def _inputs(problem, lead: tuple, gen, *, expanded: bool, with_z: bool, weights:
         D=D,
         z=draw(*lead, p.nheads, p.headdim) if with_z else None,
         dt_bias=bias,
+        out=given,
     )
 
 
@@ -125,14 +224,28 @@ def draw_packed(
     expanded: bool = True,
     with_z: bool = True,
     weights: Optional[dict] = None,
+    counts: Optional[bool] = None,
+    table_layout: str = "contiguous",
+    dst_layout: Optional[str] = None,
+    layout: str = "contiguous",
+    aligned: bool = False,
+    out: bool = False,
+    unowned: tuple = (0, 0),
+    softplus: bool = True,
+    dt_dtype: Optional[str] = None,
+    out_layout: Optional[str] = None,
 ) -> PackedCall:
     """A random valid ``packed`` call of ``sequences`` sequences and tables ``width`` wide (default
     the problem's tokens per step): each sequence ``lengths[n]`` tokens (random 0..width by
     default; 1 each without ``packed``, which passes no offsets) and ``accepted[n]`` accepted
-    tokens (random 0..width; None: no counts). The last ``padded`` sequences start from the pad id,
-    ``pad_cells`` destination cells of the others hold it. Each sequence owns its own row of
-    slots; with ``own_destinations`` the destinations are another table of fresh slots, else the
-    same table (what vLLM passes)."""
+    tokens (random 0..width; None: no counts, unless ``counts`` asks for them). The last ``padded``
+    sequences start from the pad id, ``pad_cells`` destination cells of the others hold it. Each
+    sequence owns its own row of slots; with ``own_destinations`` the destinations are another
+    table of fresh slots, else the same table (what vLLM passes). The slot table is laid out as
+    ``table_layout``, the destination table as ``dst_layout`` (default the same) and the inputs as
+    ``layout``; ``out``: an output tensor is given, NaN-filled;
+    ``unowned``: rows no sequence owns before the first sequence and after the last (offsets only);
+    ``out_layout``: the given out's layout (default ``layout``)."""
     import torch
 
     p = problem
@@ -140,9 +253,10 @@ def draw_packed(
     index_dtype = index_dtype or torch.int32
     if not packed:
         lengths = [1] * sequences
+        unowned = (0, 0)
     elif lengths is None:
         lengths = torch.randint(0, W + 1, (sequences,), generator=gen).tolist()
-    if accepted is None and packed:
+    if accepted is None and (packed if counts is None else counts):
         accepted = torch.randint(0, W + 1, (sequences,), generator=gen).tolist()
     tables = 2 if own_destinations else 1
     ids = _shuffled_slots(p, tables * sequences * W, gen).view(tables, sequences, W)
@@ -156,14 +270,34 @@ def draw_packed(
         column = max((accepted[n] if accepted else 1) - 1, 0)
         if own_destinations or t != column:  # the start cell of a shared table stays a slot
             dst[n, t] = p.pad_slot_id
-    offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=index_dtype)
-    tokens = int(offsets[-1])
+    lead, trail = unowned
+    offsets = torch.tensor([lead] + [lead + v for v in torch.tensor(lengths).cumsum(0).tolist()], dtype=index_dtype)
+    tokens = int(offsets[-1]) + trail
+    outside = p.num_slots + 3 if p.pad_slot_id != p.num_slots + 3 else p.num_slots + 4
+
+    def table(t, layout):
+        return table_laid_out(t.to(index_dtype).to(p.device), layout, outside)
+
     call = PackedCall(
-        slots=slots.to(index_dtype).to(p.device),
-        dst_slots=dst.to(index_dtype).to(p.device) if own_destinations else None,
-        num_accepted=None if accepted is None else torch.tensor(accepted, dtype=torch.int32, device=p.device),
+        slots=table(slots, table_layout),
+        dst_slots=table(dst, dst_layout or table_layout) if own_destinations else None,
+        num_accepted=None if accepted is None else torch.tensor(accepted, dtype=index_dtype, device=p.device),
         cu_seqlens=offsets.to(p.device) if packed else None,
-        **_inputs(p, (tokens,), gen, expanded=expanded, with_z=with_z, weights=weights),
+        dt_softplus=softplus,
+        **_inputs(
+            p,
+            (tokens,),
+            gen,
+            expanded=expanded,
+            with_z=with_z,
+            weights=weights,
+            layout=layout,
+            aligned=aligned,
+            out=out,
+            dt_dtype=dt_dtype,
+            softplus=softplus,
+            out_layout=out_layout,
+        ),  # fmt: skip
     )
     return call
 
@@ -184,12 +318,24 @@ def draw_verify(
     expanded: bool = True,
     with_z: bool = False,
     weights: Optional[dict] = None,
+    buffer_layout: str = "contiguous",
+    parents_layout: str = "contiguous",
+    layout: str = "contiguous",
+    aligned: bool = False,
+    out: bool = False,
+    softplus: bool = True,
+    dt_dtype: Optional[str] = None,
+    out_layout: Optional[str] = None,
 ) -> VerifyCall:
     """A random valid ``verify`` call of ``rows`` rows of ``tokens`` tokens (default the problem's),
     the last ``padded`` of them pad rows; an intermediate-state buffer of ``buffer_dtype`` (None:
     none) with a row per call row (``buffer_rows``: given in a shuffled order, else the slots,
     the buffer then as many rows as the cache), and with ``parents`` a random tree (each token's
-    parent one of the tokens before it; token 0's -1); ``steps`` a buffer row (default T + 1)."""
+    parent one of the tokens before it, or a negative number: the token before it; token 0's, and
+    a pad row's, any number, since no token reads them);
+    ``steps`` a buffer row (default T + 1). The buffer is laid out as ``buffer_layout``, the parent
+    table as ``parents_layout``, the inputs as ``layout``; ``out``: an output tensor is given,
+    NaN-filled, laid out as ``out_layout`` (default ``layout``)."""
     import torch
 
     from .dtypes import to_torch
@@ -204,22 +350,39 @@ def draw_verify(
         count = rows if buffer_rows else p.num_slots
         steps = T + 1 if steps is None else steps  # by default one step a row more than the call's tokens
         buffer = torch.randn(count, steps, p.nheads, p.headdim, p.dstate, generator=gen)
-        buffer = buffer.to(to_torch(buffer_dtype)).to(p.device)
+        buffer = buffer_laid_out(buffer.to(to_torch(buffer_dtype)).to(p.device), buffer_layout)
         if buffer_rows:
             order = torch.randperm(rows, generator=gen).to(index_dtype).to(p.device)
     tree = None
     if parents:
         tree = torch.full((rows, T), -1, dtype=torch.int64)
         for t in range(1, T):
-            tree[:, t] = torch.randint(0, t, (rows,), generator=gen)
-        tree = tree.to(p.device)
+            tree[:, t] = torch.randint(-2, t, (rows,), generator=gen)  # -2, -1: the token before
+        # what no token reads, any value: token 0's parent, and every parent of a pad row
+        tree[:, 0] = torch.randint(-2, T + 3, (rows,), generator=gen)
+        tree[rows - padded :] = torch.randint(-2, T + 3, (padded, T), generator=gen)
+        tree = table_laid_out(tree.to(index_dtype).to(p.device), parents_layout, T + 5)
     return VerifyCall(
         slots=slots.to(index_dtype).to(p.device),
         update_state=update_state,
         buffer=buffer,
         buffer_rows=order,
         parents=tree,
-        **_inputs(p, (rows, T), gen, expanded=expanded, with_z=with_z, weights=weights),
+        dt_softplus=softplus,
+        **_inputs(
+            p,
+            (rows, T),
+            gen,
+            expanded=expanded,
+            with_z=with_z,
+            weights=weights,
+            layout=layout,
+            aligned=aligned,
+            out=out,
+            dt_dtype=dt_dtype,
+            softplus=softplus,
+            out_layout=out_layout,
+        ),  # fmt: skip
     )
 
 
@@ -271,10 +434,22 @@ def _compare_states(kernel, what: str, got, want, before, written, tokens: int, 
         expect_close(f"{what}: written states", got[written], want[written].float(), state_tol)
 
 
-def _fault_named(kernel, fault: Optional[str], what: str) -> None:
-    """After a call: with ``fault`` (a label of :func:`ssu.faults.engine_label`), ``check()`` must
-    raise naming it; without, it must not raise (an InputError then propagates: a valid call
-    refused)."""
+def fault_label(arg: int, sequence: int, token: int, value: Optional[int] = None) -> str:
+    """How ``check()`` names a guarded value of an engine call (:func:`ssu.faults.engine_label`),
+    with the value its record holds (its low 32 bits, signed) where given."""
+    from . import faults
+
+    label = faults.engine_label(arg, sequence, token)
+    if value is None:
+        return label
+    low = int(value) & 0xFFFFFFFF
+    return f"{label} = {low - (1 << 32) if low >= 1 << 31 else low}"
+
+
+def _fault_named(kernel, fault: Optional[str], what: str, rule: str = "") -> None:
+    """After a call: with ``fault`` (a label of :func:`fault_label`), ``check()`` must raise naming
+    it (and its value, where the label holds one); without, it must not raise (an InputError then
+    propagates: a valid call refused)."""
     import re
 
     if fault is None:
@@ -283,22 +458,23 @@ def _fault_named(kernel, fault: Optional[str], what: str) -> None:
     try:
         kernel.check()
     except InputError as exc:
-        if not re.search(rf"(?<![\w.]){re.escape(fault)}", str(exc)):
+        if not re.search(rf"(?<![\w.]){re.escape(fault)}(?![\w.])", str(exc)):
             raise CheckFailure(
-                f"{what}: check() should name {fault}, but reported: {exc}", "engine/fault-key"
+                f"{what}: check() should name {fault}, but reported: {exc}", rule or "engine/fault-key"
             ) from None
         return
     guards = "engine/packed-guards" if what.startswith("packed") else "engine/verify-guards"
-    raise CheckFailure(f"{what}: {fault} was not recorded (check() raised nothing)", guards)
+    raise CheckFailure(f"{what}: {fault} was not recorded (check() raised nothing)", rule or guards)
 
 
 def check_packed(
-    kernel, state, call: PackedCall, layer: int = 0, layers: int = 1, *, served_as=None, fault=None
+    kernel, state, call: PackedCall, layer: int = 0, layers: int = 1, *, served_as=None, fault=None, rule: str = ""
 ) -> None:
     """Run ``call`` on ``layer`` of ``state`` and raise :class:`CheckFailure` where the outputs, the
     slots it writes (within the budgets) or any other slot or layer (bit for bit) are wrong. A call
     with a value the backend guards passes ``served_as`` (the valid call the spec serves it as: the
-    oracle runs that) and ``fault`` (what ``check()`` must then name)."""
+    oracle runs that) and ``fault`` (what ``check()`` must then name; ``rule``: the rule a wrong or
+    missing record breaks)."""
     import torch
 
     p = kernel.problem
@@ -312,17 +488,67 @@ def check_packed(
         cu_seqlens=None if served.cu_seqlens is None else served.cu_seqlens.cpu(), D=heads["D"], z=served.z,
         dt_bias=heads["dt_bias"], dt_softplus=served.dt_softplus,
     )  # fmt: skip
+    given = None if call.out is None else call.out.clone()
     out = kernel.packed_step(state, **call.kwargs(), layer=layer)
-    _fault_named(kernel, fault, "packed call")
+    _fault_named(kernel, fault, f"packed call ({describe(call)})", rule)
+    _returned("packed call", call, out)
     owned = ~torch.isnan(want_out.flatten(1)[:, 0])
     W = call.slots.shape[1]
-    expect_close("packed call: outputs", out[owned], want_out[owned], oracle.tolerances(p, W)[0])
+    expect_close(f"packed call ({describe(call)}): outputs", out[owned], want_out[owned], oracle.tolerances(p, W)[0])
+    if given is not None and not _same(out[~owned], given[~owned]):
+        row = int(torch.nonzero(~owned).flatten()[0])
+        raise CheckFailure(
+            f"packed call ({describe(call)}): row {row} of the given out, which no sequence owns, was written",
+            "engine/packed-unowned-out",
+        )
     written = sorted(int(s) for s in torch.nonzero((want_cache != before[layer].double()).flatten(1).any(1)).flatten())
     after = all_states(kernel, state, layers)
     for other in range(layers):
         if other != layer and not torch.equal(after[other], before[other]):
             raise CheckFailure(f"packed call on layer {layer}: layer {other} changed", "layers/independent")
     _compare_states(kernel, "packed call", after[layer], want_cache, before[layer], written, W)
+
+
+def check_packed_sequence_dropped(kernel, state, call: PackedCall, sequence: int, fault: str, layer: int = 0,
+                                  layers: int = 1) -> None:  # fmt: skip
+    """Run ``call``, whose offsets are wrong for ``sequence``, and raise :class:`CheckFailure`
+    unless ``check()`` names ``fault``, no slot of that sequence's cells changed, and nothing
+    outside the slots the tables name changed (on any layer): what the spec leaves a backend once
+    offsets are wrong (the other results are unspecified)."""
+    import torch
+
+    p = kernel.problem
+    before = all_states(kernel, state, layers)
+    kernel.packed_step(state, **call.kwargs(), layer=layer)
+    _fault_named(kernel, fault, f"packed call ({describe(call)})", "engine/packed-offsets-guard")
+    after = all_states(kernel, state, layers)
+    named = torch.zeros(p.num_slots, dtype=torch.bool)
+    mine = torch.zeros(p.num_slots, dtype=torch.bool)
+    for table in (call.slots, call.dst_slots):
+        if table is None:
+            continue
+        ids = table.cpu().long()
+        inside = (ids >= 0) & (ids < p.num_slots)
+        named[ids[inside]] = True
+        own = ids[sequence][inside[sequence]]
+        mine[own] = True
+    if p.pad_in_cache:
+        named[p.pad_slot_id] = True
+        mine[p.pad_slot_id] = False
+    for other in range(layers):
+        keep = ~named | (mine if other == layer else torch.zeros_like(mine))
+        if other != layer:
+            keep = torch.ones_like(keep)
+            if p.pad_in_cache:
+                keep[p.pad_slot_id] = False
+        if not torch.equal(after[other][keep], before[other][keep]):
+            moved = torch.nonzero((after[other] != before[other]).flatten(1).any(1) & keep).flatten().tolist()
+            whose = f"sequence {sequence}'s" if mine[moved[0]] and other == layer else "no table's"
+            raise CheckFailure(
+                f"packed call ({describe(call)}) with wrong offsets for sequence {sequence}: slot {moved[0]} of "
+                f"layer {other}, {whose}, changed",
+                "engine/packed-offsets-guard",
+            )
 
 
 def check_verify(
@@ -336,6 +562,7 @@ def check_verify(
     fault=None,
     unspecified=(),
     refusable: bool = False,
+    rule: str = "",
 ) -> bool:
     """Run ``call`` on ``layer`` of ``state`` and raise :class:`CheckFailure` where the outputs, the
     buffer rows it writes, the slots it writes, or anything else it must leave alone are wrong. A
@@ -363,15 +590,16 @@ def check_verify(
         if refusable and (call.buffer is None or torch.equal(call.buffer, buffer_before)):
             return False
         raise
-    _fault_named(kernel, fault, "verify call")
+    _fault_named(kernel, fault, f"verify call ({describe(call)})", rule)
+    _returned("verify call", call, out)
     T = call.x.shape[1]
-    real = (served.slots != p.pad_slot_id).cpu()
+    compared = torch.ones(call.x.shape[0], dtype=torch.bool)  # pad rows too: y from a zero state
     for row in unspecified:
-        real[row] = False
+        compared[row] = False
     out_tol = oracle.tolerances(p, T)[0]
     if call.buffer is not None and call.parents is not None:  # parents come back rounded to the buffer
         out_tol = max(out_tol, oracle.state_tolerance(_dtype(call.buffer), T))
-    expect_close("verify call: outputs", out[real], want_out[real], out_tol)
+    expect_close(f"verify call ({describe(call)}): outputs", out[compared], want_out[compared], out_tol)
     if call.buffer is not None:
         rows = sorted(
             int(r) for r in torch.nonzero((want_buffer != buffer_before.double()).flatten(1).any(1)).flatten()
@@ -397,6 +625,74 @@ def check_verify(
     carried = _dtype(call.buffer) if call.buffer is not None and call.parents is not None else None
     _compare_states(kernel, "verify call", after[layer], want_cache, before[layer], sorted(written), T, carried)
     return True
+
+
+def _same(a, b) -> bool:
+    """Bit for bit equal, NaN included."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+
+
+def _returned(what: str, call, out) -> None:
+    """A given ``out`` is the tensor returned; without one the call returns a new tensor of x's
+    dtype and shape."""
+    if call.out is not None:
+        if out is not call.out:
+            raise CheckFailure(f"{what} ({describe(call)}): did not return the `out` tensor it was given",
+                               "step/out-returned")  # fmt: skip
+    elif getattr(out, "dtype", None) != call.x.dtype or tuple(getattr(out, "shape", ())) != tuple(call.x.shape):
+        got = (getattr(out, "dtype", type(out).__name__), tuple(getattr(out, "shape", ())))
+        raise CheckFailure(f"{what} ({describe(call)}): with out=None it returned {got}, not x's dtype and shape",
+                           "step/out-returned")  # fmt: skip
+
+
+def describe(call) -> str:
+    """The knobs of an engine call in one line: which optional arguments it was given, how its
+    tables, buffer and inputs are laid out, and its dtypes (what a failure names beside the case)."""
+
+    def layout(t) -> str:
+        if t is None:
+            return "none"
+        if t.is_contiguous():
+            return "contiguous"
+        if t.dim() == 2 and t.stride(0) == 1:
+            return "transposed"
+        return "strided " + "x".join(str(v) for v in t.stride())
+
+    parts = []
+    if isinstance(call, PackedCall):
+        parts.append(f"tokens={call.x.shape[0]} sequences={call.slots.shape[0]} W={call.slots.shape[1]}")
+        parts.append(
+            "offsets=" + ("none" if call.cu_seqlens is None else ",".join(str(int(v)) for v in call.cu_seqlens.cpu()))
+        )
+        parts.append(
+            "counts="
+            + ("none" if call.num_accepted is None else ",".join(str(int(v)) for v in call.num_accepted.cpu()))
+        )
+        parts.append(f"slots={layout(call.slots)} {str(call.slots.dtype).replace('torch.', '')}")
+        parts.append(f"dst_slots={layout(call.dst_slots)}")
+    else:
+        parts.append(f"rows={call.x.shape[0]} T={call.x.shape[1]} update_state={call.update_state}")
+        parts.append(f"slots {str(call.slots.dtype).replace('torch.', '')}")
+        if call.buffer is None:
+            parts.append("buffer=none")
+        else:
+            parts.append(f"buffer={_dtype(call.buffer)} {layout(call.buffer)} rows={call.buffer.shape[0]}")
+            parts.append("buffer_rows=" + ("slots" if call.buffer_rows is None else "given"))
+        parts.append(f"parents={layout(call.parents)}")
+    x_layout = layout(call.x)
+    parts.append(f"inputs={x_layout} {_dtype(call.x)}")
+    parts.append(f"out={'given ' + layout(call.out) if call.out is not None else 'None'}")
+    parts.append("per-head=" + ("expanded" if call.A.dim() == 3 else "(H,)"))
+    for name in ("D", "dt_bias"):
+        t = getattr(call, name)
+        parts.append(f"{name}=" + ("none" if t is None else _dtype(t)))
+    parts.append(f"z={'yes' if call.z is not None else 'no'} softplus={'yes' if call.dt_softplus else 'no'}")
+    return " ".join(parts)
 
 
 def _dtype(t) -> str:

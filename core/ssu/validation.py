@@ -256,11 +256,10 @@ class Checker:
                     f"offset multiples of {ROW_ALIGNMENT} bytes, or pass {name}.contiguous()"
                 )
         out = call["out"]
-        if out is not None and lead == 1 and out.dim() and out.stride(0) != out[0].numel():
+        if out is not None and out.dim() and not out.is_contiguous():
             raise InputError(
-                f"out: rows {out.stride(0)} values apart, expected {out[0].numel()}: backend "
-                f"{self.backend!r} writes the outputs of a one-token step as one contiguous block; "
-                "give a contiguous out"
+                f"out: strides {tuple(out.stride())}, expected {contiguous_strides(tuple(out.shape))}: backend "
+                f"{self.backend!r} writes a call's outputs as one contiguous block; give a contiguous out"
             )
         for name, dim in (("dt", lead), ("A", 0), ("D", 0), ("dt_bias", 0)):
             t = call[name]

@@ -374,6 +374,37 @@ def roundtrip(registry, name, *, slots=(4, 1), read_slots=None, layer=1, problem
     return bench.observe(read=bench.kernel.read_state(bench.state, asked, layer))
 
 
+def state_values(registry, name, *, kind, problem_fields=None, seed=0) -> dict:
+    """write_state and read_state on values that a plain round trip never meets: ``"large"``
+    (rows near fp16's largest finite value), ``"zero-row"`` (a row of zeros), ``"shrinking"``
+    (rows a million times smaller written over the slots' earlier values), ``"held"`` (a
+    read_state result held while later calls write and read the same slots, a contiguous run), or
+    ``"edited"`` (a read_state result edited, then the slots read again)."""
+    p = problem(**(problem_fields or {}))
+    bench = Bench(registry, name, p, layers=2, seed=seed)
+    ids = bench.ids([1, 2, 3])
+    values = torch.randn(len(ids), p.nheads, p.headdim, p.dstate, generator=bench.gen)
+    if kind == "large":
+        values = values / values.abs().amax() * 6.0e4
+    elif kind == "zero-row":
+        values[1, 2] = 0.0
+    elif kind == "shrinking":
+        bench.kernel.write_state(bench.state, ids, values * 1e3, 1)
+        values = values * 1e-4
+    if kind == "edited":
+        bench.kernel.write_state(bench.state, ids, values, 1)
+        bench.kernel.read_state(bench.state, ids, 1).fill_(7.0)
+        return bench.observe(read=bench.kernel.read_state(bench.state, ids, 1))
+    if kind == "held":
+        bench.kernel.write_state(bench.state, ids, values, 1)
+        held = bench.kernel.read_state(bench.state, ids, 1)
+        bench.kernel.write_state(bench.state, ids, values * 2.0, 1)
+        bench.kernel.read_state(bench.state, ids, 1)
+        return bench.observe(read=held)
+    bench.kernel.write_state(bench.state, ids, values, 1)
+    return bench.observe(read=bench.kernel.read_state(bench.state, ids, 1))
+
+
 def warmup(registry, name, *, problem_fields=None, seed=0) -> dict:
     """``kernel.warmup`` on a state whose every real slot holds a random state."""
     bench = Bench(registry, name, problem(**(problem_fields or {})), layers=2, seed=seed)

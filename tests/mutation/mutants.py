@@ -767,6 +767,94 @@ class ReadStateInSlotOrder(Mutant):
         return super().read_state(ctx, state, slots.sort().values, layer)
 
 
+class StepStoreTruncatesBf16(Mutant):
+    """Rounds the states a step stores in a bf16 cache toward zero instead of to nearest (within one step's
+    budget, a lean over a decode)."""
+
+    RULE = "one-token/store-rounding"
+    SHOWN_BY = show(demos.step, problem_fields=dict(state_dtype="bf16"))
+
+    def store_states(self, p, store, ids, writes, values):
+        if p.state_dtype == "bf16":
+            values = (values.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
+        super().store_states(p, store, ids, writes, values)
+
+
+class ReadStateReusesStagingRows(Mutant):
+    """Keeps one staging tensor per shape on the backend and returns it from every read_state, so a later read
+    overwrites what an earlier one returned."""
+
+    RULE = "state-io/read-owns"
+    SHOWN_BY = show(demos.state_values, kind="held")
+
+    def read_state(self, ctx, state, slots, layer):
+        values = super().read_state(ctx, state, slots, layer)
+        staging = self.__dict__.setdefault("staging", {})
+        rows = staging.setdefault((tuple(values.shape), values.device), torch.empty_like(values))
+        return rows.copy_(values)
+
+
+class ReadStateViewsTheCache(Mutant):
+    """Returns a view of an fp32 cache instead of a copy when the slots asked for are one ascending run (no
+    gather needed), so editing the result edits the state."""
+
+    RULE = "state-io/read-owns"
+    SHOWN_BY = show(demos.state_values, kind="edited")
+
+    def read_state(self, ctx, state, slots, layer):
+        store = self.store_of(state, layer)
+        ids = slots.long()
+        first = int(ids[0]) if ids.numel() else 0
+        if store.current.dtype == torch.float32 and torch.equal(ids, torch.arange(first, first + ids.numel())):
+            return store.current[first : first + ids.numel()]
+        return super().read_state(ctx, state, slots, layer)
+
+
+class Fp16StoreSaturatesEarly(Mutant):
+    """Clamps every state stored in an fp16 cache to +-2^14, far inside fp16's range, as a kernel guarding against
+    overflow with too tight a bound."""
+
+    RULE = "state-io/write-rounding"
+    SHOWN_BY = show(demos.state_values, kind="large", problem_fields=dict(state_dtype="fp16"))
+
+    def round_to_cache(self, values, dtype):
+        if dtype == torch.float16:
+            values = values.clamp(-(2.0**14), 2.0**14)
+        return super().round_to_cache(values, dtype)
+
+
+class ZeroRowScaleUnguarded(Mutant):
+    """Divides a row by its scale without guarding a zero scale, so a row of zeros in an fp8_e4m3 cache stores
+    0 / 0: NaN."""
+
+    RULE = "quantised/row-scale"
+    SHOWN_BY = show(demos.state_values, kind="zero-row", problem_fields=dict(state_dtype="fp8_e4m3"))
+
+    def quantize_row(self, values, state_dtype):
+        values = values.float()
+        qmax = QMAX[state_dtype]
+        scale = self.row_scale(values, qmax)
+        return self.to_grid(values / scale[..., None], state_dtype, qmax), scale
+
+
+class WrittenScaleNeverShrinks(Mutant):
+    """Keeps a slot's row scale when a new row is smaller (scales only grow), so a slot that held a large
+    sequence quantises its next occupant on the old, coarse grid."""
+
+    RULE = "quantised/fresh-scale"
+    SHOWN_BY = show(demos.state_values, kind="shrinking", problem_fields=dict(state_dtype="int8"))
+
+    def write_slot_state(self, p, store, idx, values):
+        if not p.quantized:
+            return super().write_slot_state(p, store, idx, values)
+        values = values.float()
+        qmax = QMAX[p.state_dtype]
+        scale = torch.maximum(self.row_scale(values, qmax), store.current_scale[idx])
+        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+        store.current[idx] = self.to_grid(values / divisor[..., None], p.state_dtype, qmax)
+        store.current_scale[idx] = scale
+
+
 class WriteStateIntoNewestDraft(Mutant):
     """In a speculative state, installs write_state's values as the newest draft instead of the current state."""
 

@@ -34,6 +34,30 @@ holds the demonstrations, the first listed check of each mutant, and this page t
 """
 
 
+COVERAGE = """
+## What the kit draws
+
+Every knob of every call form the kit draws, with the values docs/spec.md allows it, for a backend
+that declares every capability (the reference backend; a backend declaring less is drawn less:
+`contiguous_rows` leaves out the strided inputs, one index dtype leaves out the other). The engine
+call forms reach every value of every knob in every case, by construction
+(`ssu.conformance.engine_draws.covering`), and every cache dtype meets every buffer dtype over the
+cases of a run; the one-token and speculative steps reach every value over the cases of the `step`
+and `decode` checks at the default profile. `tests/test_kit_coverage.py` fails when a cell is never
+drawn, and this table is written from `ssu.conformance.coverage.markdown`.
+
+"""
+
+
+def coverage_section() -> str:
+    """The section of the page that lists what the kit draws (:func:`ssu.conformance.coverage.markdown`)."""
+    from ssu.conformance import coverage
+    from ssu.registry import default_registry
+
+    caps = default_registry().load("reference").spec.capabilities
+    return COVERAGE + coverage.markdown(caps)
+
+
 def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
@@ -50,7 +74,7 @@ def table(results: dict) -> str:
             checks = ", ".join(f"`{c}`" for c in results[mutant.__name__])
             first = (f"`{rule}`", _cell(says)) if i == 0 else ("", "")
             lines.append(f"| {first[0]} | {first[1]} | `{mutant.NAME}`: {_cell(mutant.__doc__)} | {checks} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + coverage_section()
 
 
 def read_table(path: str = PAGE) -> dict:

@@ -13,14 +13,12 @@ each a check runs.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import attrs
 
 from ..inputs import layer_weights, step_inputs
 from ..problem import Problem
-from ..validation import contiguous_strides
 
 #: how a step's tensors sit in memory: as allocated; each row contiguous but the batch and token
 #: strides free (slices of a projection, as engines pass them: rows 3 values apart, or 16-byte
@@ -51,7 +49,9 @@ class Profile:
     (``real_decode_steps`` at a real shape); ``max_tokens``: a cap on T below the backend's
     declared maximum (None: T is drawn up to the declared maximum); ``max_slots``, ``max_heads``:
     the largest cache and head count drawn (batches are at most the cache); ``corners``:
-    whether the :func:`corner_cases` run after the drawn ones."""
+    whether the :func:`corner_cases` run after the drawn ones; ``shrink_examples``: how many cases
+    shrinking a failure may run before the smallest failure found is reported (the same cases on
+    every machine)."""
 
     name: str
     examples: int
@@ -63,6 +63,7 @@ class Profile:
     max_slots: int = 40
     max_heads: int = 48
     corners: bool = True
+    shrink_examples: int = 40
 
 
 PROFILES = {
@@ -82,7 +83,15 @@ PROFILES = {
     ),
     "quick": Profile("quick", examples=6, max_state=4096, real_shapes=0, decode_steps=12, real_decode_steps=0),
     "default": Profile("default", examples=15, max_state=32768, real_shapes=4, decode_steps=12, real_decode_steps=3),
-    "thorough": Profile("thorough", examples=80, max_state=262144, real_shapes=4, decode_steps=40, real_decode_steps=8),
+    "thorough": Profile(
+        "thorough",
+        examples=80,
+        max_state=262144,
+        real_shapes=4,
+        decode_steps=40,
+        real_decode_steps=8,
+        shrink_examples=200,
+    ),
 }
 
 
@@ -400,29 +409,16 @@ def _lead(problem: Problem, name: str) -> int:
 
 
 def _laid_out(t, layout: str, lead: int, *, aligned: bool = False):
-    """``t``'s values in a tensor of ``layout`` (see :data:`LAYOUTS`); with ``aligned`` the rows
-    of the "rows" layout are 16 bytes and more apart, at a multiple of 16 bytes."""
+    """``t``'s values in a tensor of ``layout`` (see :data:`LAYOUTS`,
+    :func:`ssu.engine_harness.laid_out`); the per-head parameters (``lead`` 0) keep their own
+    layout in "rows", and what is not laid out (``lead`` -1) stays as it is."""
     import torch
 
-    if not isinstance(t, torch.Tensor) or lead < 0 or layout == "contiguous":
+    from ..engine_harness import laid_out
+
+    if not isinstance(t, torch.Tensor) or lead < 0 or (layout == "rows" and lead == 0):
         return t
-    if layout == "rows":
-        if lead == 0:
-            return t
-        inner = t.shape[lead:]
-        width = math.prod(inner)
-        packet = max(16 // t.element_size(), 1)
-        row = width + ((-width) % packet + packet if aligned else 3)
-        # as_strided, so that even a batch (or token axis) of one has the rows' stride
-        lead_strides = (row,) if lead == 1 else (t.shape[1] * row, row)
-        big = torch.full((math.prod(t.shape[:lead]) * row,), float("nan"), dtype=t.dtype, device=t.device)
-        view = big.as_strided(t.shape, lead_strides + contiguous_strides(inner))
-        view.copy_(t)
-        return view
-    big = torch.full((*t.shape, 2), float("nan"), dtype=t.dtype, device=t.device)
-    view = big[..., 0]
-    view.copy_(t)
-    return view
+    return laid_out(t, layout, lead, aligned=aligned)
 
 
 def _tied(call: dict, problem: Problem) -> dict:

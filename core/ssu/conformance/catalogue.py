@@ -15,6 +15,7 @@ from .checks import (
     check_decode,
     check_partial_commit,
     check_roundtrip,
+    check_state_values,
     check_step,
     check_warmup,
 )
@@ -63,6 +64,11 @@ CHECKS: dict[str, Check] = {
         rule="bookkeeping",
     ),  # fmt: skip
     "roundtrip": Check(check_roundtrip, "write_state/read_state round trip", rule="state-io"),
+    "state-values": Check(
+        check_state_values,
+        "state values across the dtype's range; read results own their memory; stores round to nearest",
+        rule="state-io",
+    ),  # fmt: skip
     "warmup": Check(check_warmup, "warmup leaves the state intact", rule="warmup/state-intact"),
     "bad-inputs": Check(check_bad_inputs, "bad inputs raise InputError, write nothing", rule="layout"),
     "cuda-graph": Check(check_cuda_graph, "CUDA-graph replay equals eager calls", applies=_on_cuda),

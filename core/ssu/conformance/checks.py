@@ -284,3 +284,119 @@ def check_partial_commit(kernel, case: Case, gen) -> None:
     else:
         raise CheckFailure("a commit after stepping only layer 1 of 2 was accepted")
     expect_unchanged(kernel, state, before, {})
+
+
+def _installed(kernel, state, slots, values, layer: int, what: str) -> None:
+    """``write_state`` of ``values`` then ``read_state``: each value the rounding of docs/spec.md
+    gives (a float cache: to nearest, exactly; an 8-bit one: its row's own scale, the rule)."""
+    import torch
+
+    p = kernel.problem
+    kernel.write_state(state, slots, values, layer)
+    got = kernel.read_state(state, slots, layer)
+    if p.quantized:
+        off = quant.off_rule(got, values.to(got.device), p.state_dtype)
+        if bool(off.any()) or not bool(torch.isfinite(got).all()):
+            where = tuple(int(i) for i in torch.nonzero(off | ~torch.isfinite(got))[0])
+            zero_row = not bool(values[where[:-1]].abs().amax() > 0)
+            raise CheckFailure(
+                f"read_state after write_state of {what}: value {where} reads {got[where].item():.6e}, which "
+                f"quantising {values[where].item():.6e} to {p.state_dtype} with its row's own scale does not give",
+                "quantised/row-scale" if zero_row else "quantised/fresh-scale",
+            )
+        return
+    want = quant.stored(values, p.state_dtype).to(got.device)
+    if not torch.equal(got, want):
+        where = tuple(int(i) for i in torch.nonzero(got != want)[0])
+        raise CheckFailure(
+            f"read_state after write_state of {what}: value {where} reads {got[where].item():.6e}; "
+            f"{values[where].item():.9e} rounded to nearest in {p.state_dtype} is {want[where].item():.6e}",
+            "state-io/write-rounding",
+        )
+
+
+def _extremes(p, values, gen):
+    """``values`` with rows across the state dtype's range: near fp16's largest finite value, far
+    past fp32's precision of bf16's, and (8-bit) a row of zeros and rows a million times smaller."""
+    import torch
+
+    values = values.clone()
+    flat = values.view(-1, p.dstate)
+    rows = flat.shape[0]
+    picks = torch.randperm(rows, generator=gen)
+    big = {"fp16": 6.0e4, "bf16": 1.0e30, "fp32": 1.0e30}.get(p.state_dtype, 1.0e3)
+    k = max(rows // 4, 1)
+    flat[picks[:k]] *= big / flat[picks[:k]].abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
+    if rows > 1:
+        flat[picks[k : 2 * k]] *= 1e-6
+    if p.quantized:
+        flat[picks[-1]] = 0.0
+    return values
+
+
+def check_state_values(kernel, case: Case, gen) -> None:
+    """What the state hooks hold beyond one round trip: ``write_state`` stores values across the
+    state dtype's range (fp16 near its largest value, 8-bit zero rows, rows far smaller than the
+    slot's previous occupant, whose scale must not stay); ``read_state``'s results own their memory
+    (edited, they change no state; held, no later call changes them), contiguous runs of slots
+    included; and, on a float16 or bfloat16 cache, a step's stored states are the round-to-nearest
+    of the exact ones, without bias (a store that truncates stays inside the budget of one step but
+    drifts over a decode)."""
+    import torch
+
+    p = kernel.problem
+    state = kernel.allocate_state(num_layers=2)
+    real = real_slots(p)
+    n = min(len(real), 4)
+    index = draw_slots(case, gen).dtype
+    slots = pick_slots(p, n, gen, index_dtype=index)
+    run = real[:n].to(index)  # a contiguous ascending run: a backend returning a view of it shows
+    layer = 1
+    values = _extremes(p, random_states(p, n, gen) * 1e3, gen)
+    _installed(kernel, state, slots, values, layer, "rows across the dtype's range")
+    _installed(kernel, state, slots, random_states(p, n, gen) * 1e-4, layer, "rows far smaller than the last")
+    for ids in (slots, run):
+        kernel.write_state(state, ids, random_states(p, n, gen), layer)
+        held = kernel.read_state(state, ids, layer)
+        kept = held.clone()
+        edited = kernel.read_state(state, ids, layer)
+        edited.fill_(float("nan"))
+        if not torch.equal(kernel.read_state(state, ids, layer), kept):
+            raise CheckFailure("editing a tensor read_state returned changed the state", "state-io/read-owns")
+        kernel.write_state(state, ids, random_states(p, n, gen), layer)
+        kernel.read_state(state, ids, layer)
+        if not torch.equal(held, kept):
+            raise CheckFailure(
+                "a tensor read_state returned changed when later calls wrote and read the same slots",
+                "state-io/read-owns",
+            )
+    if p.state_dtype not in ("bf16", "fp16") or p.multi_token or p.speculative:
+        return
+    if kernel.capabilities.state_precision is not None or getattr(kernel.options, "stochastic_rounding", False):
+        return
+    mantissa = {"bf16": 7, "fp16": 10}[p.state_dtype]
+    tiny = torch.finfo(torch.bfloat16 if p.state_dtype == "bf16" else torch.float16).tiny
+    signed, count = 0.0, 0
+    b = min(n, p.max_batch)
+    stepped = slots[:b]
+    step_case = attrs.evolve(case, batch=b, pad_rows=0, out=True)
+    for _ in range(16):
+        start = kernel.read_state(state, stepped, layer)
+        inputs, call = step_call(step_case, stepped, gen)
+        states, _ = oracle.step_math64(p, start, inputs)
+        exact = states.reshape(b, -1, p.nheads, p.headdim, p.dstate)[:, -1].double()
+        kernel.step(state, layer=layer, **call)
+        got = kernel.read_state(state, stepped, layer).double()
+        normal = exact.abs() >= tiny * 2
+        ulp = torch.ldexp(torch.ones_like(exact), torch.frexp(exact).exponent - 1 - mantissa)
+        err = ((got - exact) / ulp * exact.sign())[normal]
+        signed += float(err.sum())
+        count += int(err.numel())
+        if count >= 4096:
+            break
+    if count >= 256 and abs(signed / count) > 0.1:
+        raise CheckFailure(
+            f"a step's stored states lean {'toward' if signed < 0 else 'away from'} zero: {signed / count:+.3f} of a "
+            f"unit in the last place on average over {count} values (rounding to nearest leans none)",
+            "one-token/store-rounding",
+        )

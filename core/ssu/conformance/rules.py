@@ -24,6 +24,8 @@ RULES = {
     "one-token/skip": '"One token": y gains D[h] x[b, h, p] (no D: nothing).',
     "one-token/gate": '"One token": y = (readout + D x) z sigmoid(z): the gate z sigmoid(z) multiplies the sum.',
     "one-token/groups": '"Shapes and names": head h reads group h // (H / G).',
+    "one-token/store-rounding": '"One token": the new s is stored rounded to the cache dtype to nearest: no lean '
+    "toward zero or away from it (stochastic rounding of an fp16 cache only where the backend declares it).",
     "step/out-none": '"Error budgets" and "Shapes and names": with out = None the step allocates a new output of '
     "x's dtype and shape.",
     "step/out-returned": '"Error budgets": a given out is written and is the tensor returned.',
@@ -69,6 +71,8 @@ RULES = {
     "dtype (to nearest).",
     "state-io/read-dequantised": '"Quantised states": read_state returns the dequantised fp32 state.',
     "state-io/read-slots": '"States: allocated or adopted": read_state(slots) returns the state of slots[i] in row i.',
+    "state-io/read-owns": '"States: allocated or adopted": read_state returns a tensor of its own: editing it changes '
+    "no state, and no later call changes it.",
     "state-io/write-current": '"States: allocated or adopted": write_state installs the logical state, which '
     "read_state then returns.",
     "warmup/state-intact": '"Bounds measured on one H200" (warmup) and docs/writing-a-backend.md: warmup leaves every '

@@ -9,6 +9,7 @@ seen by the other, on any machine with the same hypothesis release.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from collections import Counter
@@ -89,6 +90,11 @@ class CheckReport:
 
 class _Failed(AssertionError):
     """What hypothesis sees of a failed case (the message is the report's)."""
+
+
+class _ShrunkEnough(BaseException):
+    """Shrinking has run the profile's ``shrink_examples`` cases: the smallest failure found so far
+    is the one reported (a BaseException, so that hypothesis stops at once)."""
 
 
 class _DeviceFault(BaseException):
@@ -186,8 +192,13 @@ def run_check(
     skipped: Counter = Counter()
     refused: Counter = Counter()
     failure: list[str] = []
+    shrinking = [0]  # cases run since the first failure
 
     def run_case(case: Case) -> None:
+        if failure:
+            shrinking[0] += 1
+            if shrinking[0] > profile.shrink_examples:
+                raise _ShrunkEnough()
         reason = _verdict(loaded, case.problem, backend_options)
         if reason:
             refused[reason] += 1
@@ -236,6 +247,8 @@ def run_check(
     try:
         test()  # drawn cases first: a failure there is shrunk to a minimal case
     except _DeviceFault:  # no shrinking: every later call of this process would fail with the same fault
+        pass
+    except _ShrunkEnough:  # the last failure recorded is the smallest one shrinking reached
         pass
     except _Failed:
         pass
@@ -292,6 +305,29 @@ def run_conformance(
 
     registry = default_registry() if registry is None else registry
     chosen = resolve_profile(profile)
+    with _one_thread_on_cpu(device):
+        return _run_checks(backend, device, registry, options, chosen, checks, max_examples, on_report, state_dtypes)
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: str):
+    """On the CPU, torch runs the checks on one thread: the kit's tensors are small, and OpenMP's
+    workers spin between small operations, which on a machine with one other busy process made a
+    check up to fifty times slower (one thread is as fast on an idle one)."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_checks(backend, device, registry, options, chosen, checks, max_examples, on_report, state_dtypes) -> list:
     narrowed(registry.load(backend).spec.capabilities, state_dtypes, backend)  # a dtype it lacks: before any check
     reports = []
     for name in checks or list(CHECKS):
