@@ -16,7 +16,7 @@ import attrs
 
 from . import oracle
 from .errors import InputError
-from .harness import CheckFailure, expect_close, expect_rounded, real_slots
+from .harness import CheckFailure, expect_close, expect_out, expect_rounded, real_slots
 from .inputs import layer_weights
 
 
@@ -89,6 +89,8 @@ def laid_out(t, layout: str, lead: int, *, aligned: bool = False):
 
     import torch
 
+    from .validation import contiguous_strides
+
     if t is None or layout == "contiguous":
         return t
     if layout == "rows":
@@ -96,16 +98,9 @@ def laid_out(t, layout: str, lead: int, *, aligned: bool = False):
         width = math.prod(inner)
         packet = max(16 // t.element_size(), 1)
         row = width + ((-width) % packet + packet if aligned else 3)
-        strides, step = [], 1
-        for size in reversed(inner):
-            strides.append(step)
-            step *= size
-        lead_strides, step = [], row
-        for size in reversed(t.shape[:lead]):
-            lead_strides.append(step)
-            step *= size
-        big = torch.full((max(step, 1),), float("nan"), dtype=t.dtype, device=t.device)
-        view = big.as_strided(t.shape, tuple(reversed(lead_strides)) + tuple(reversed(strides)))
+        lead_strides = tuple(row * v for v in contiguous_strides(t.shape[:lead]))
+        big = torch.full((max(row * math.prod(t.shape[:lead]), 1),), float("nan"), dtype=t.dtype, device=t.device)
+        view = big.as_strided(t.shape, lead_strides + contiguous_strides(inner))
         view.copy_(t)
         return view
     big = torch.full((*t.shape, 2), float("nan"), dtype=t.dtype, device=t.device)
@@ -442,8 +437,7 @@ def fault_label(arg: int, sequence: int, token: int, value: Optional[int] = None
     label = faults.engine_label(arg, sequence, token)
     if value is None:
         return label
-    low = int(value) & 0xFFFFFFFF
-    return f"{label} = {low - (1 << 32) if low >= 1 << 31 else low}"
+    return f"{label} = {faults.decode(faults.encode(0, 0, int(value)))[2]}"
 
 
 def _fault_named(kernel, fault: Optional[str], what: str, rule: str = "") -> None:
@@ -491,7 +485,7 @@ def check_packed(
     given = None if call.out is None else call.out.clone()
     out = kernel.packed_step(state, **call.kwargs(), layer=layer)
     _fault_named(kernel, fault, f"packed call ({describe(call)})", rule)
-    _returned("packed call", call, out)
+    expect_out(f"the packed call ({describe(call)})", call.out, call.x, out)
     owned = ~torch.isnan(want_out.flatten(1)[:, 0])
     W = call.slots.shape[1]
     expect_close(f"packed call ({describe(call)}): outputs", out[owned], want_out[owned], oracle.tolerances(p, W)[0])
@@ -522,25 +516,20 @@ def check_packed_sequence_dropped(kernel, state, call: PackedCall, sequence: int
     kernel.packed_step(state, **call.kwargs(), layer=layer)
     _fault_named(kernel, fault, f"packed call ({describe(call)})", "engine/packed-offsets-guard")
     after = all_states(kernel, state, layers)
-    named = torch.zeros(p.num_slots, dtype=torch.bool)
-    mine = torch.zeros(p.num_slots, dtype=torch.bool)
+    pad = torch.zeros(p.num_slots, dtype=torch.bool)  # a null block's contents mean nothing
+    if p.pad_in_cache:
+        pad[p.pad_slot_id] = True
+    named, mine = pad.clone(), torch.zeros_like(pad)  # slots any table names; those of the sequence
     for table in (call.slots, call.dst_slots):
         if table is None:
             continue
         ids = table.cpu().long()
         inside = (ids >= 0) & (ids < p.num_slots)
         named[ids[inside]] = True
-        own = ids[sequence][inside[sequence]]
-        mine[own] = True
-    if p.pad_in_cache:
-        named[p.pad_slot_id] = True
-        mine[p.pad_slot_id] = False
+        mine[ids[sequence][inside[sequence]]] = True
+    mine &= ~pad
     for other in range(layers):
-        keep = ~named | (mine if other == layer else torch.zeros_like(mine))
-        if other != layer:
-            keep = torch.ones_like(keep)
-            if p.pad_in_cache:
-                keep[p.pad_slot_id] = False
+        keep = (~named | mine) if other == layer else ~pad
         if not torch.equal(after[other][keep], before[other][keep]):
             moved = torch.nonzero((after[other] != before[other]).flatten(1).any(1) & keep).flatten().tolist()
             whose = f"sequence {sequence}'s" if mine[moved[0]] and other == layer else "no table's"
@@ -591,7 +580,7 @@ def check_verify(
             return False
         raise
     _fault_named(kernel, fault, f"verify call ({describe(call)})", rule)
-    _returned("verify call", call, out)
+    expect_out(f"the verify call ({describe(call)})", call.out, call.x, out)
     T = call.x.shape[1]
     compared = torch.ones(call.x.shape[0], dtype=torch.bool)  # pad rows too: y from a zero state
     for row in unspecified:
@@ -637,19 +626,6 @@ def _same(a, b) -> bool:
     return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
 
 
-def _returned(what: str, call, out) -> None:
-    """A given ``out`` is the tensor returned; without one the call returns a new tensor of x's
-    dtype and shape."""
-    if call.out is not None:
-        if out is not call.out:
-            raise CheckFailure(f"{what} ({describe(call)}): did not return the `out` tensor it was given",
-                               "step/out-returned")  # fmt: skip
-    elif getattr(out, "dtype", None) != call.x.dtype or tuple(getattr(out, "shape", ())) != tuple(call.x.shape):
-        got = (getattr(out, "dtype", type(out).__name__), tuple(getattr(out, "shape", ())))
-        raise CheckFailure(f"{what} ({describe(call)}): with out=None it returned {got}, not x's dtype and shape",
-                           "step/out-returned")  # fmt: skip
-
-
 def describe(call) -> str:
     """The knobs of an engine call in one line: which optional arguments it was given, how its
     tables, buffer and inputs are laid out, and its dtypes (what a failure names beside the case)."""
@@ -673,19 +649,18 @@ def describe(call) -> str:
             "counts="
             + ("none" if call.num_accepted is None else ",".join(str(int(v)) for v in call.num_accepted.cpu()))
         )
-        parts.append(f"slots={layout(call.slots)} {str(call.slots.dtype).replace('torch.', '')}")
+        parts.append(f"slots={layout(call.slots)} {_dtype(call.slots)}")
         parts.append(f"dst_slots={layout(call.dst_slots)}")
     else:
         parts.append(f"rows={call.x.shape[0]} T={call.x.shape[1]} update_state={call.update_state}")
-        parts.append(f"slots {str(call.slots.dtype).replace('torch.', '')}")
+        parts.append(f"slots {_dtype(call.slots)}")
         if call.buffer is None:
             parts.append("buffer=none")
         else:
             parts.append(f"buffer={_dtype(call.buffer)} {layout(call.buffer)} rows={call.buffer.shape[0]}")
             parts.append("buffer_rows=" + ("slots" if call.buffer_rows is None else "given"))
         parts.append(f"parents={layout(call.parents)}")
-    x_layout = layout(call.x)
-    parts.append(f"inputs={x_layout} {_dtype(call.x)}")
+    parts.append(f"inputs={layout(call.x)} {_dtype(call.x)}")
     parts.append(f"out={'given ' + layout(call.out) if call.out is not None else 'None'}")
     parts.append("per-head=" + ("expanded" if call.A.dim() == 3 else "(H,)"))
     for name in ("D", "dt_bias"):

@@ -65,6 +65,20 @@ def expect_rounded(what: str, actual, expected, state_dtype: str, start=None, ru
         )
 
 
+def expect_out(what: str, given, x, result) -> None:
+    """A given ``out`` is the tensor ``what`` returns; without one (``given`` None) it returns a new
+    tensor of x's dtype and shape (docs/spec.md, "Shapes and names")."""
+    if given is not None:
+        if result is not given:
+            raise CheckFailure(f"{what} did not return the `out` tensor it was given", "step/out-returned")
+    elif getattr(result, "dtype", None) != x.dtype or tuple(getattr(result, "shape", ())) != tuple(x.shape):
+        got = (getattr(result, "dtype", type(result).__name__), tuple(getattr(result, "shape", ())))
+        raise CheckFailure(
+            f"with out=None {what} returned {got}; expected x's dtype and shape {(x.dtype, tuple(x.shape))}",
+            "step/out-none",
+        )
+
+
 def real_slots(problem):
     """The slots that hold sequences' states: every slot but a pad slot inside the cache (int64)."""
     import torch

@@ -138,8 +138,6 @@ def check_decode(kernel, case: Case, gen) -> None:
 def check_roundtrip(kernel, case: Case, gen) -> None:
     """write_state then read_state returns the values rounded to the cache dtype, each layer its
     own (two layers written with different values, in the reverse order they are read)."""
-    import torch
-
     p = kernel.problem
     state = kernel.allocate_state(num_layers=2)
     slots = pick_slots(p, min(len(real_slots(p)), 4), gen, index_dtype=draw_slots(case, gen).dtype)
@@ -147,23 +145,7 @@ def check_roundtrip(kernel, case: Case, gen) -> None:
     for layer in (1, 0):
         kernel.write_state(state, slots, written[layer], layer)
     for layer, values in enumerate(written):
-        got = kernel.read_state(state, slots, layer)
-        if p.quantized:  # the rule, with the reciprocal's freedom near ties that docs/spec.md allows
-            off = quant.off_rule(got, values.to(got.device), p.state_dtype)
-            if bool(off.any()):
-                where = tuple(int(i) for i in torch.nonzero(off)[0])
-                raise CheckFailure(
-                    f"read_state after write_state, layer {layer}: value {where} reads {got[where].item():.6e}, "
-                    f"which quantising {values[where].item():.6e} to {p.state_dtype} with its row's scale "
-                    "(docs/spec.md, Quantised states) does not give",
-                    "quantised",
-                )
-            continue
-        want = quant.stored(values, p.state_dtype)
-        if not torch.equal(got, want.to(got.device)):
-            raise CheckFailure(
-                f"read_state after write_state, layer {layer}: differs by {(got - want).abs().max().item():.3e}"
-            )
+        _expect_stored(p, kernel.read_state(state, slots, layer), values, f"layer {layer}")
 
 
 def check_warmup(kernel, case: Case, gen) -> None:
@@ -286,33 +268,38 @@ def check_partial_commit(kernel, case: Case, gen) -> None:
     expect_unchanged(kernel, state, before, {})
 
 
-def _installed(kernel, state, slots, values, layer: int, what: str) -> None:
-    """``write_state`` of ``values`` then ``read_state``: each value the rounding of docs/spec.md
-    gives (a float cache: to nearest, exactly; an 8-bit one: its row's own scale, the rule)."""
+def _expect_stored(p, got, values, what: str, rule: str = "") -> None:
+    """``got``, read back after ``write_state`` of ``values``, is what the rounding of docs/spec.md
+    gives (a float cache: to nearest, exactly, else a failure breaking ``rule``; an 8-bit one: each
+    value by its row's own scale, with the reciprocal's freedom near ties that docs/spec.md allows)."""
     import torch
 
-    p = kernel.problem
-    kernel.write_state(state, slots, values, layer)
-    got = kernel.read_state(state, slots, layer)
     if p.quantized:
         off = quant.off_rule(got, values.to(got.device), p.state_dtype)
-        if bool(off.any()) or not bool(torch.isfinite(got).all()):
-            where = tuple(int(i) for i in torch.nonzero(off | ~torch.isfinite(got))[0])
+        if bool(off.any()):
+            where = tuple(int(i) for i in torch.nonzero(off)[0])
             zero_row = not bool(values[where[:-1]].abs().amax() > 0)
             raise CheckFailure(
-                f"read_state after write_state of {what}: value {where} reads {got[where].item():.6e}, which "
-                f"quantising {values[where].item():.6e} to {p.state_dtype} with its row's own scale does not give",
-                "quantised/row-scale" if zero_row else "quantised/fresh-scale",
+                f"read_state after write_state, {what}: value {where} reads {got[where].item():.6e}, which "
+                f"quantising {values[where].item():.6e} to {p.state_dtype} with its row's own scale (docs/spec.md, "
+                "Quantised states) does not give",
+                "quantised/row-scale" if zero_row else "quantised",
             )
         return
     want = quant.stored(values, p.state_dtype).to(got.device)
     if not torch.equal(got, want):
         where = tuple(int(i) for i in torch.nonzero(got != want)[0])
         raise CheckFailure(
-            f"read_state after write_state of {what}: value {where} reads {got[where].item():.6e}; "
+            f"read_state after write_state, {what}: value {where} reads {got[where].item():.6e}; "
             f"{values[where].item():.9e} rounded to nearest in {p.state_dtype} is {want[where].item():.6e}",
-            "state-io/write-rounding",
+            rule,
         )
+
+
+def _installed(kernel, state, slots, values, layer: int, what: str) -> None:
+    """``write_state`` of ``values`` then ``read_state``: :func:`_expect_stored`."""
+    kernel.write_state(state, slots, values, layer)
+    _expect_stored(kernel.problem, kernel.read_state(state, slots, layer), values, what, "state-io/write-rounding")
 
 
 def _extremes(p, values, gen):

@@ -17,6 +17,7 @@ from typing import Optional
 
 from . import engine_draws
 from .cases import DT_RANGES, LAYOUTS, Case, cases, corner_cases, real_cases
+from .engine_calls import MAX_TOKENS
 
 
 def drawn_cases(check: str, capabilities, device: str, profile) -> list[Case]:
@@ -118,7 +119,7 @@ def missing_engine_cells(capabilities, device: str, profile) -> list[tuple]:
         if form not in capabilities.engine_calls:
             continue
         for case in drawn_cases(check, capabilities, device, profile):
-            W = max(1, min(4, capabilities.max_tokens_per_step))
+            W = max(1, min(MAX_TOKENS, capabilities.max_tokens_per_step))  # as the checks open their kernels
             calls = {"packed"} if form == "packed" else {"verify", "tree"} & capabilities.engine_calls
             problem = attrs.evolve(case.problem, tokens_per_step=W, speculative=False, engine_calls=calls)
             drawn = axes(capabilities, problem)

@@ -252,13 +252,11 @@ def _grown(call, extra: int) -> dict:
         t = getattr(call, name)
         if t is None:
             continue
-        more = torch.randn((extra, *t.shape[1:]), generator=torch.Generator().manual_seed(extra)).to(t.dtype)
-        if t.stride(-1) == 0:  # an expanded dt
-            base = t[..., 0]
-            more = torch.randn((extra, *base.shape[1:]), generator=torch.Generator().manual_seed(extra)).to(t.dtype)
-            grown[name] = torch.cat([base, more.to(t.device)])[..., None].expand(-1, *t.shape[1:])
-        else:
-            grown[name] = torch.cat([t, more.to(t.device)])
+        expanded = t.stride(-1) == 0  # dt expanded over P
+        base = t[..., 0] if expanded else t
+        more = torch.randn((extra, *base.shape[1:]), generator=torch.Generator().manual_seed(extra))
+        longer = torch.cat([base, more.to(t.dtype).to(t.device)])
+        grown[name] = longer[..., None].expand(-1, *t.shape[1:]) if expanded else longer
     return grown
 
 

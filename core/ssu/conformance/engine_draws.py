@@ -199,11 +199,14 @@ def covering(axes: list[Axis], gen, *, tries: int = 24) -> list[dict]:
     def pick(options: list):
         return options[int(torch.randint(0, len(options), (1,), generator=gen))]
 
-    def completed(chosen: dict, start: int) -> dict:
+    def completed(chosen: dict, start: int, lean: float = 1.0) -> dict:
+        """``chosen`` with values for axes ``start`` on: one not yet drawn where there is one
+        (with probability ``lean``), else any the conditions allow."""
         for axis in axes[start:]:
             options = [v for v in axis.values if axis.allowed(v, chosen)]
             fresh = [v for v in options if (axis.name, v) in missing]
-            chosen[axis.name] = pick(fresh or options)
+            prefer = fresh if fresh and (lean >= 1.0 or float(torch.rand(1, generator=gen)) < lean) else options
+            chosen[axis.name] = pick(prefer)
         return chosen
 
     def reaching(target: int, value: str, chosen: dict, i: int) -> Optional[dict]:
@@ -221,12 +224,7 @@ def covering(axes: list[Axis], gen, *, tries: int = 24) -> list[dict]:
     while missing:
         best, gained = None, set()
         for _ in range(tries):
-            chosen: dict = {}
-            for axis in axes:
-                options = [v for v in axis.values if axis.allowed(v, chosen)]
-                fresh = [v for v in options if (axis.name, v) in missing]
-                prefer = fresh if fresh and float(torch.rand(1, generator=gen)) < 0.85 else options
-                chosen[axis.name] = pick(prefer)
+            chosen = completed({}, 0, lean=0.85)
             new = set(chosen.items()) & missing
             if len(new) > len(gained):
                 best, gained = chosen, new

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import oracle
 from ..errors import InputError
-from ..harness import CheckFailure, expect_close, expect_rounded, logical_states
+from ..harness import CheckFailure, expect_close, expect_out, expect_rounded, logical_states
 from ..inputs import pick_slots
 from .cases import Case
 
@@ -25,16 +25,7 @@ def draw_slots(case: Case, gen):
 def expect_returned(case: Case, call: dict, result) -> None:
     """``out`` is what the step returns when given; otherwise the step allocates it in x's dtype
     and shape (docs/spec.md)."""
-    x = call["x"]
-    if case.out:
-        if result is not call["out"]:
-            raise CheckFailure("the step did not return the `out` tensor it was given", "step/out-returned")
-    elif getattr(result, "dtype", None) != x.dtype or tuple(result.shape) != tuple(x.shape):
-        got = (getattr(result, "dtype", type(result).__name__), tuple(getattr(result, "shape", ())))
-        raise CheckFailure(
-            f"with out=None the step returned {got}; expected x's dtype and shape {(x.dtype, tuple(x.shape))}",
-            "step/out-none",
-        )
+    expect_out("the step", call["out"] if case.out else None, call["x"], result)
 
 
 def budgets(kernel) -> tuple[float, float]:
