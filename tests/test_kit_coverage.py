@@ -37,7 +37,7 @@ def test_the_engine_forms_draw_every_cell_at_the_default_profile(caps):
     assert coverage.missing_engine_cells(caps(), "cpu", DEFAULT) == []
 
 
-@pytest.mark.parametrize("check", ["step", "decode"])
+@pytest.mark.parametrize("check", ["step", "decode", "destinations"])
 def test_the_step_forms_draw_every_cell_at_the_default_profile(check):
     assert coverage.missing_step_cells(_reference_caps(), "cpu", DEFAULT, check) == []
 

@@ -405,6 +405,35 @@ def state_values(registry, name, *, kind, problem_fields=None, seed=0) -> dict:
     return bench.observe(read=bench.kernel.read_state(bench.state, ids, 1))
 
 
+def sequence(registry, name, *, calls, speculative=True, adopt=False, seed=0) -> dict:
+    """A fixed sequence of calls on a three-layer state, each a string: ``"step S..."`` (every layer
+    stepped with slots S, one-token, or speculative then committed with two tokens kept; a slot
+    ``bad`` is an id outside the cache), ``"sync S..."`` (no S: every slot), ``"write L S..."``
+    (new states into slots S of layer L) or ``"check"`` (the fault record's message kept).
+    Every output, every message, and the states after a last ``sync`` of every slot, observed."""
+    p = problem(tokens_per_step=3, speculative=True) if speculative else problem()
+    bench = Bench(registry, name, p, layers=3, adopt=adopt, seed=seed)
+    seen = []
+    for call in calls:
+        verb, *args = call.split()
+        if verb == "step":
+            ids = bench.ids([p.num_slots + 5 if a == "bad" else int(a) for a in args])
+            seen += [bench.kernel.step(bench.state, **bench.step_inputs(len(ids)), slots=ids, layer=layer)
+                     for layer in range(3)]  # fmt: skip
+            if speculative:
+                bench.kernel.commit(bench.state, ids, torch.full((len(ids),), 2, dtype=torch.int32))
+        elif verb == "sync":
+            bench.kernel.sync(bench.state, bench.ids([int(a) for a in args]) if args else None)
+        elif verb == "write":
+            ids = bench.ids([int(a) for a in args[1:]])
+            values = torch.randn(len(ids), p.nheads, p.headdim, p.dstate, generator=bench.gen)
+            bench.kernel.write_state(bench.state, ids, values, int(args[0]))
+        else:
+            seen.append(bench.fault())
+    bench.kernel.sync(bench.state)
+    return bench.observe(seen=seen)
+
+
 def warmup(registry, name, *, problem_fields=None, seed=0) -> dict:
     """``kernel.warmup`` on a state whose every real slot holds a random state."""
     bench = Bench(registry, name, problem(**(problem_fields or {})), layers=2, seed=seed)

@@ -667,3 +667,80 @@ class Independent:
                 self.store_intermediate(p, buffer, rows, stores, t, s)
         self.verify_final(p, store, slots, real, s, update_state, buffer, rows, stores, tokens)
         return out
+
+
+class Deferred(Independent):
+    """``independent`` with commits deferred, as a backend that keeps more than the logical state
+    does: ``commit`` only notes, per layer and slot, which draft it keeps (``pending``, -1 for
+    none); the draft is folded into ``current`` when that layer's slot is next stepped or read, or
+    when ``sync`` asks for it, and ``write_state`` forgets it. An adopted cache is therefore
+    current only after ``sync`` (the backend implements the hook). Same logical behaviour as
+    :class:`Independent` everywhere; its mutants (``mutants.py``) break the bookkeeping."""
+
+    NAME = "independent-deferred"
+
+    @ssu.hookimpl
+    def ssu_sync_state(self, ctx, state, slots):
+        self.sync(ctx, state, slots)
+
+    def draft_buffers(self, ctx, num_layers) -> dict:
+        """The drafts, and the draft each slot's commit keeps but has not folded in yet."""
+        buffers = super().draft_buffers(ctx, num_layers)
+        if buffers:
+            buffers["pending"] = torch.full((num_layers, ctx.problem.num_slots), -1, dtype=torch.int64,
+                                            device=ctx.problem.device)  # fmt: skip
+        return buffers
+
+    def pending_of(self, state, layer):
+        """Layer ``layer``'s (num_slots,) pending drafts, or None for a one-token state."""
+        return state.buffers["pending"][layer] if "pending" in state.buffers else None
+
+    def fold(self, ctx, state, layer, idx):
+        """Fold the pending drafts of slots ``idx`` (int64) of one layer into ``current``."""
+        pending = self.pending_of(state, layer)
+        if pending is None or idx.numel() == 0:
+            return
+        idx = idx[pending[idx] >= 0]
+        if idx.numel():
+            self.commit_layer(ctx.problem, self.store_of(state, layer), idx, pending[idx])
+            pending[idx] = -1
+
+    def forget(self, state, layer, idx):
+        """Drop the pending drafts of slots ``idx`` of one layer (their state is being replaced)."""
+        pending = self.pending_of(state, layer)
+        if pending is not None:
+            pending[idx] = -1
+
+    def fold_for_step(self, ctx, state, layer, slots):
+        """Before a step of ``layer``: fold the pending drafts of the slots it reads."""
+        real = slots[self.names_slot(ctx.problem, slots)].long()
+        self.fold(ctx, state, layer, real)
+
+    def step(self, ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots):
+        self.fold_for_step(ctx, state, layer, slots)
+        return super().step(ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
+
+    def commit(self, ctx, state, slots, num_accepted):
+        """Note, for every layer, the draft each moved slot keeps."""
+        p = ctx.problem
+        moved = self.commit_rows(ctx, slots, num_accepted)
+        if not p.speculative:
+            return
+        idx = slots[moved].long()
+        drafts = self.choose_version(num_accepted[moved], p.tokens_per_step)
+        for layer in range(state.num_layers):
+            self.pending_of(state, layer)[idx] = drafts
+
+    def read_state(self, ctx, state, slots, layer):
+        self.fold(ctx, state, layer, slots.long())
+        return super().read_state(ctx, state, slots, layer)
+
+    def write_state(self, ctx, state, slots, values, layer):
+        self.forget(state, layer, slots.long())
+        super().write_state(ctx, state, slots, values, layer)
+
+    def sync(self, ctx, state, slots):
+        """Fold the pending drafts of ``slots`` (every slot when None) in every layer."""
+        every = torch.arange(ctx.problem.num_slots, device=ctx.problem.device)
+        for layer in range(state.num_layers):
+            self.fold(ctx, state, layer, every if slots is None else slots.long())

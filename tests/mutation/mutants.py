@@ -27,6 +27,7 @@ from independent import (
     SOFTPLUS_THRESHOLD,
     ARGUMENT_SHIFT,
     ROW_SHIFT,
+    Deferred,
     Independent,
 )
 from ssu.dtypes import to_torch
@@ -1972,6 +1973,60 @@ class GroupMapOnBackend(Mutant):
         return maps[p.nheads]
 
 
+class FaultRecordPerCall(Mutant):
+    """Clears the fault record at the start of each step, as if it held one call's faults: a later
+    step with valid ids erases a fault before ``check()`` sees it."""
+
+    RULE = "bookkeeping/faults-kept"
+    SHOWN_BY = show(demos.sequence, calls=("step 1 bad", "step 2 3", "check"), speculative=False)
+
+    def rows_reading(self, ctx, slots):
+        ctx.faults.fill_(torch.iinfo(torch.int64).max)
+        return super().rows_reading(ctx, slots)
+
+
+class DeferredMutant(Mutant, Deferred):
+    """A mutant of :class:`Deferred`, the ``independent`` backend with deferred commits."""
+
+    ABSTRACT = True
+
+
+class SyncForgetsOthers(DeferredMutant):
+    """``sync`` of some slots folds their pending commits in and drops every other slot's."""
+
+    RULE = "bookkeeping/sync-some"
+    SHOWN_BY = show(demos.sequence, calls=("step 1 2 3", "sync 2"), adopt=True)
+
+    def sync(self, ctx, state, slots):
+        super().sync(ctx, state, slots)
+        if "pending" in state.buffers:
+            state.buffers["pending"].fill_(-1)
+
+
+class FirstLayerTakesCommit(DeferredMutant):
+    """The first layer stepped after a commit folds its pending drafts in and clears those slots'
+    pending drafts in every layer, so the other layers step from the state before the commit."""
+
+    RULE = "bookkeeping/commit-per-layer"
+    SHOWN_BY = show(demos.sequence, calls=("step 1 2", "step 1 2"))
+
+    def fold_for_step(self, ctx, state, layer, slots):
+        super().fold_for_step(ctx, state, layer, slots)
+        if "pending" in state.buffers:
+            state.buffers["pending"][:, slots[self.names_slot(ctx.problem, slots)].long()] = -1
+
+
+class WriteKeepsCommit(DeferredMutant):
+    """``write_state`` leaves a slot's pending commit in force: the kept draft later overwrites the
+    states written."""
+
+    RULE = "bookkeeping/write-replaces"
+    SHOWN_BY = show(demos.sequence, calls=("step 1 2", "write 1 1 2"))
+
+    def forget(self, state, layer, idx):
+        pass
+
+
 # tiles ------------------------------------------------------------------------------------------
 class BatchTailDropped(Mutant):
     """Serves the batch in one tile of the largest power of two not above it, dropping the rows past it."""
@@ -2036,5 +2091,7 @@ class HeaddimTailTileMisplaced(Mutant):
 
 #: every mutant, in the order above
 MUTANTS = [
-    cls for cls in list(globals().values()) if isinstance(cls, type) and issubclass(cls, Mutant) and cls is not Mutant
+    cls
+    for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, Mutant) and cls is not Mutant and "ABSTRACT" not in vars(cls)
 ]

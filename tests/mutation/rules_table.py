@@ -42,9 +42,10 @@ that declares every capability (the reference backend; a backend declaring less 
 `contiguous_rows` leaves out the strided inputs, one index dtype leaves out the other). The engine
 call forms reach every value of every knob in every case, by construction
 (`ssu.conformance.engine_draws.covering`), and every cache dtype meets every buffer dtype over the
-cases of a run; the one-token and speculative steps reach every value over the cases of the `step`
-and `decode` checks at the default profile. `tests/test_kit_coverage.py` fails when a cell is never
-drawn, and this table is written from `ssu.conformance.coverage.markdown`.
+cases of a run; the one-token and speculative steps (each argument in each layout) and their
+commits reach every value over the cases of the `step` and `decode` checks at the default profile,
+the steps with `dst_slots` over those of the `destinations` check. `tests/test_kit_coverage.py`
+fails when a cell is never drawn, and this table is written from `ssu.conformance.coverage.markdown`.
 
 """
 

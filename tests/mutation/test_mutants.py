@@ -23,7 +23,7 @@ import demos
 import rules_table
 import ssu.conformance
 import sweep
-from independent import Independent
+from independent import Deferred, Independent
 from mutants import MUTANTS, Mutant
 from ssu.conformance.rules import RULES
 from ssu.testing import assert_conformant
@@ -38,7 +38,7 @@ FORBIDDEN = ("ssu.reference", "ssu.slot_state", "ssu.quant", "ssu.oracle", "ssu.
 @pytest.fixture(scope="module")
 def registry():
     """The reference, the independent backend and every mutant, each under its own name."""
-    return demos.registry_with(Independent(), *[mutant() for mutant in MUTANTS])
+    return demos.registry_with(Independent(), Deferred(), *[mutant() for mutant in MUTANTS])
 
 
 def _kit(name: str, registry, monkeypatch):
@@ -82,6 +82,25 @@ def test_the_independent_backend_passes_the_kit(registry, monkeypatch):
     assert {r.check: r.status for r in reports} == {
         name: ("skip" if name == "cuda-graph" else "pass") for name in ssu.conformance.CHECK_NAMES
     }
+
+
+@pytest.mark.slow
+def test_the_deferred_backend_passes_the_kit(registry, monkeypatch):
+    """The base of the deferred-commit mutants keeps the contract: its mutants are wrong, not it."""
+    error, reports = _kit(Deferred.NAME, registry, monkeypatch)
+    assert error is None, str(error)
+    assert {r.check for r in reports if r.status == "fail"} == set()
+
+
+_DEFERRED = [m for m in MUTANTS if issubclass(m, Deferred)]
+
+
+@pytest.mark.parametrize("mutant", _DEFERRED, ids=lambda m: m.__name__)
+def test_the_deferred_backend_agrees_with_the_independent_one(mutant, registry):
+    """On each demonstration of a deferred-commit mutant, its base gives what ``independent`` gives."""
+    deferred = demos.outcome(mutant.SHOWN_BY, registry, Deferred.NAME)
+    assert not isinstance(deferred, str), deferred
+    assert not demos.differs(deferred, demos.outcome(mutant.SHOWN_BY, registry, BASE))
 
 
 # each mutant shown wrong without the kit ----------------------------------------------------------
@@ -168,4 +187,5 @@ def test_each_mutant_overrides_one_method_and_says_why():
         assert callable(mutant.SHOWN_BY), mutant
         own = [n for n, v in vars(mutant).items() if inspect.isfunction(v) and not n.startswith("__")]
         assert len(own) == 1, f"{mutant.__name__} overrides {own}"
-        assert hasattr(Independent, own[0]), f"{mutant.__name__}.{own[0]} overrides nothing"
+        base = Deferred if issubclass(mutant, Deferred) else Independent
+        assert hasattr(base, own[0]), f"{mutant.__name__}.{own[0]} overrides nothing of {base.__name__}"

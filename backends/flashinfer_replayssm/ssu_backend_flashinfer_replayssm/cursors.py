@@ -10,6 +10,10 @@ After acceptance the cursors move by the same rule::
     if flush: ring_start = (ring_start + pnat) % L; pnat = num_accepted
     else:     pnat = pnat + num_accepted
 
+A row whose count is refused (outside 1..T) keeps nothing of the step, num_accepted 0 in the rule:
+its cursors still move past the old tokens when the step flushed them, since the checkpoint
+already holds them, and the slot's state is the one before the step.
+
 The cursor buffers hold ``num_slots + 2`` entries: FlashInfer sees the first ``num_slots + 1``
 (the last of those is the pad slot, whose cursors stay at zero so that a pad row reads a zero
 state), and the final entry is a sink that absorbs pad rows in the torch implementation.
@@ -25,8 +29,10 @@ from __future__ import annotations
 
 
 def advance_model(ring_start: int, pnat: int, accepted: int, tokens: int, max_window: int) -> tuple:
-    """The rule for one slot in plain Python: (new ring_start, new pnat)."""
+    """The rule for one slot in plain Python: (new ring_start, new pnat); a count outside 1..T
+    keeps no token."""
     ring = max_window + tokens
+    accepted = accepted if 1 <= accepted <= tokens else 0
     if pnat + tokens > max_window:
         return (ring_start + pnat) % ring, accepted
     return ring_start, pnat + accepted
@@ -41,7 +47,8 @@ def advance_torch(
     ring_start, pnat, slots, accepted, record, *, tokens: int, max_window: int, pad_slot_id: int, num_slots: int
 ) -> None:
     """The rule with torch ops, in place, for the rows of ``slots`` that name a slot of the cache
-    with 1 <= accepted <= tokens; the others, if not pad rows, are recorded in ``record``."""
+    (a count outside 1..tokens keeping no token); ids outside the cache and such counts are
+    recorded in ``record``."""
     import torch
 
     from ssu import faults
@@ -51,10 +58,10 @@ def advance_torch(
     faults.record(record, faults.outside(slots, num_slots, pad_slot_id), slots, faults.SLOTS)
     faults.record(record, real & ~counted, accepted, faults.NUM_ACCEPTED)
     sink = num_slots + 1
-    idx = torch.where(real & counted, slots, torch.full_like(slots, sink)).long()
+    idx = torch.where(real, slots, torch.full_like(slots, sink)).long()
     start = ring_start[idx]
     count = pnat[idx]
-    acc = accepted.to(pnat.dtype)
+    acc = torch.where(counted, accepted, torch.zeros_like(accepted)).to(pnat.dtype)
     flush = count + tokens > max_window
     ring_start.index_put_((idx,), torch.where(flush, (start + count) % (max_window + tokens), start))
     pnat.index_put_((idx,), torch.where(flush, acc, count + acc))
@@ -96,11 +103,11 @@ def _triton_kernel():
                 (rows.to(tl.int64) << 34) | (2 << 32) | (acc & 0xFFFFFFFF),
             )
             tl.atomic_min(record + 0 * rows, keys, mask=outside | (real & ~counted))
-            live = real & counted
+            live = real  # a refused count keeps no token, but the cursors still pass a flush
             slot = tl.where(live, slot, 0)
             start = tl.load(ring_start + slot, mask=live, other=0)
             count = tl.load(pnat + slot, mask=live, other=0)
-            acc = acc.to(tl.int32)
+            acc = tl.where(counted, acc, 0).to(tl.int32)
             flush = count + TOKENS > MAX_WINDOW
             new_start = tl.where(flush, (start + count) % (MAX_WINDOW + TOKENS), start)
             new_count = tl.where(flush, acc, count + acc)

@@ -99,7 +99,8 @@ def test_advance_implementations_match_the_rule(impl, tokens, W, batch, pads, in
     pnat[S:] = 0
     real = torch.randperm(S, generator=gen)[:batch]
     slots = torch.cat([real, torch.full((pads,), -1)]).to(index)
-    accepted = torch.randint(1, tokens + 1, (batch + pads,), generator=gen, dtype=torch.int32)
+    # counts outside 1..T among them: refused, they keep no token, but a flushed ring still moves
+    accepted = torch.randint(0, tokens + 2, (batch + pads,), generator=gen, dtype=torch.int32)
     want_start, want_pnat = ring_start.clone(), pnat.clone()
     for s, a in zip(real.tolist(), accepted.tolist()):
         want_start[s], want_pnat[s] = cursors.advance_model(int(ring_start[s]), int(pnat[s]), a, tokens, W)

@@ -106,8 +106,33 @@ def ssu_supports(problem, options):
         reasons.append(f"stochastic_rounding applies to an fp16 state cache only (state is {problem.state_dtype})")
     if problem.device_type == "cuda":
         reasons += algorithm_problems(problem, options, compute_capability(problem.device))
+    reasons += build_problems(problem)
     reasons += engine_call_problems(problem)
     return ssu.Verdict.reject(*reasons) if reasons else ssu.ACCEPT
+
+
+#: bytes a value of each state dtype
+STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "fp8_e4m3": 1}
+
+
+def build_problems(problem) -> list[str]:
+    """Why FlashInfer cannot build its SSU module for ``problem``: every module compiles its
+    multi-token kernel, which gives each of 8 lanes of a row next_pow2(dstate) / 8 state values
+    in tiles of 16 / (bytes a value) values, so a tile needs dstate >= 32 for an fp32 state, 64 for
+    a 16-bit one and 128 (rounded up to a power of two) for an 8-bit one; below that the build
+    fails on a zero-sized register array (FlashInfer 0.7.4, kernel_selective_state_update_mtp_simple)."""
+    width = STATE_BYTES.get(problem.state_dtype)
+    if width is None:
+        return []
+    least = 32 * 4 // width
+    padded = 1 << max(problem.dstate - 1, 0).bit_length()
+    if padded >= least:
+        return []
+    return [
+        f"a {problem.state_dtype} state with dstate {problem.dstate}: FlashInfer's module does not build for "
+        f"it (its multi-token kernel needs dstate >= {least} for a {width}-byte state value); use an fp32 state "
+        "or another backend (triton serves it)"
+    ]
 
 
 def engine_call_problems(problem) -> list[str]:

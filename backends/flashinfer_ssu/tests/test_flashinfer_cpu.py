@@ -78,6 +78,20 @@ def test_stochastic_rounding_needs_fp16_state():
     assert not verdict.ok and "fp16 state cache only" in verdict.reasons[0]
 
 
+@pytest.mark.parametrize(
+    "state_dtype, dstate, builds",
+    [("fp32", 32, True), ("bf16", 32, False), ("bf16", 64, True), ("fp16", 32, False), ("int8", 64, False),
+     ("int8", 96, True), ("fp8_e4m3", 64, False), ("fp8_e4m3", 128, True)],
+)  # fmt: skip
+def test_dstates_flashinfer_does_not_build_are_refused(state_dtype, dstate, builds):
+    """FlashInfer's module fails to compile (a zero-sized register tile of its multi-token kernel)
+    below dstate 64 for a 16-bit state and 128 for an 8-bit one: refused, naming what serves it."""
+    verdict = plugin.ssu_supports(problem(state_dtype=state_dtype, dstate=dstate), FlashInferOptions())
+    assert verdict.ok == builds, verdict.reasons
+    if not builds:
+        assert f"dstate {dstate}" in verdict.reasons[0] and "triton serves it" in verdict.reasons[0]
+
+
 def test_availability_on_cpu_and_missing_library(monkeypatch):
     got = availability.flashinfer_availability("cpu")
     assert not got.available and "CUDA devices only" in got.reason

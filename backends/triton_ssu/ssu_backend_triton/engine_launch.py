@@ -36,7 +36,7 @@ def default_shape(problem, batch: int = 0) -> Shape:
     the fastest of the shapes timed for vLLM's packed call on an H100 at T = 4, batches 32 to 512,
     fp32 and bf16 states; a batch (sequences or rows) too small to give :data:`MIN_PROGRAMS` such
     programs takes tiles of fewer rows (down to 4) with a warp per 1024 values, which timed faster
-    at batches 1 and 2 for both call forms (docs/benchmarks.md, "Engine call forms")."""
+    at batches 1 and 2 for both call forms (docs/benchmarks.md, "Against the engines' own kernels")."""
     width = next_power_of_2(problem.dstate)
     rows = min(next_power_of_2(max(1, 2048 // width)), next_power_of_2(problem.headdim))
     if batch <= 0:

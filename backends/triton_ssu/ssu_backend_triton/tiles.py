@@ -103,8 +103,10 @@ def int8_to_float(q, QUANT: tl.constexpr):
     """int8 values as fp32 without a conversion instruction: the bits of 1.5 * 2^23 + 128 + q, less
     1.5 * 2^23 + 128. Compiled (``QUANT`` 1), four values' sign bits are flipped in one logical
     operation and each biased byte is placed in the constant's low byte by one byte permute
-    (inline PTX, which the interpreter cannot run: there, ``QUANT`` 3, by integer arithmetic)."""
-    if QUANT == 1:
+    (inline PTX, which the interpreter cannot run: there, ``QUANT`` 3, by integer arithmetic). The
+    PTX takes four values a thread, so a tile of fewer than four values a thread (a small P and N)
+    takes the integer arithmetic compiled too."""
+    if QUANT == 1 and q.numel >= 4 * tl.extra.cuda.num_threads():
         bits = tl.inline_asm_elementwise(
             """{
             .reg .b32 t;

@@ -55,6 +55,17 @@ def test_8_bit_states_in_each_looping_tile_shape(state_dtype, block_p, warps, ti
     compare_steps(p, gen, steps=2, pad=3, layers=1, kernel_options=options)
 
 
+@pytest.mark.parametrize("headdim, dstate", [(1, 1), (2, 8), (4, 16)])
+def test_int8_states_in_tiles_of_few_values_a_thread(headdim, dstate, gen):
+    """An int8 cache whose tile gives a thread fewer than the four values the compiled byte
+    permute takes (a small P and N) is read by integer arithmetic, not refused by the compiler."""
+    import ssu
+
+    p = ssu.Problem(nheads=2, headdim=headdim, dstate=dstate, ngroups=1, state_dtype="int8", input_dtype="fp16",
+                    num_slots=8, max_batch=4, device="cuda")  # fmt: skip
+    compare_steps(p, gen, steps=2, pad=1, layers=1)
+
+
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_cuda_graph_capture_and_replay(tokens, gen):
     """Step (every layer) and commit captured once, replayed; identical to eager, bit for bit."""

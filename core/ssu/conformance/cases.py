@@ -241,7 +241,8 @@ def _calls(problem: Problem, caps, steps: int):
 
 def real_cases(capabilities, device: str, profile: Profile, *, speculative: Optional[bool] = None) -> list[Case]:
     """Real model head shapes the backend declares, as explicit cases: every optional input on,
-    rows-strided inputs as engines pass them, a batch with a pad row. The state dtypes the backend
+    inputs laid out as engines pass them (rows of a projection), then contiguous and strided in
+    turn (where the backend takes them), a batch with a pad row. The state dtypes the backend
     declares take turns over the shapes, and each meets at least one of them (the first shapes
     again where there are more dtypes than shapes)."""
     caps = capabilities
@@ -263,6 +264,7 @@ def real_cases(capabilities, device: str, profile: Profile, *, speculative: Opti
     if not fitting:
         return out
     turns = [(fitting[i % len(fitting)], states[i % len(states)]) for i in range(max(len(fitting), len(states)))]
+    layouts = ["rows", "contiguous"] + ([] if caps.contiguous_rows else ["strided"])
     for (label, shape), state in turns:
         can_speculate = caps.speculative and caps.max_tokens_per_step > 1
         spec = (can_speculate and len(out) % 2 == 1) if speculative is None else speculative
@@ -283,7 +285,7 @@ def real_cases(capabilities, device: str, profile: Profile, *, speculative: Opti
             Case(
                 problem,
                 seed=len(out),
-                layout="rows",
+                layout=layouts[len(out) % len(layouts)],
                 dt_bias=inp,
                 batch=3,
                 pad_rows=1,
@@ -376,7 +378,8 @@ def weights(case: Case, gen) -> dict:
 def step_call(case: Case, slots, gen, layer_weights_: Optional[dict] = None, *, tokens: Optional[int] = None):
     """One step's inputs for ``case``: (what the oracle reads, the keyword arguments of the step
     call). Both hold the same numbers; the call's tensors are laid out as ``case.layout`` (and
-    tied when ``case.tied``), with ``out`` a NaN-filled tensor when ``case.out``."""
+    tied when ``case.tied``), with ``out`` a NaN-filled tensor when ``case.out``, laid out like x
+    (but one contiguous block for a backend that needs ``contiguous_rows``, ``case.aligned``)."""
     import torch
 
     from ..dtypes import to_torch
@@ -395,7 +398,11 @@ def step_call(case: Case, slots, gen, layer_weights_: Optional[dict] = None, *, 
     call = {k: _laid_out(v, case.layout, _lead(p, k), aligned=case.aligned) for k, v in inputs.kwargs().items()}
     if case.tied:
         call = _tied(call, p)
-    call["out"] = torch.full_like(inputs.x, float("nan")) if case.out else None
+    if case.out:  # laid out as x is (one contiguous block where the backend declares contiguous_rows)
+        nan = torch.full_like(inputs.x, float("nan"))
+        call["out"] = _laid_out(nan, "contiguous" if case.aligned else case.layout, _lead(p, "x"))
+    else:
+        call["out"] = None
     return inputs, call
 
 

@@ -22,6 +22,7 @@ from .checks import (
 from .engine_calls import check_packed_calls, check_verify_calls
 from .expect import CheckSkipped
 from .id_checks import check_adopted, check_destinations, check_guarded_ids
+from .sequences import check_sequences
 
 
 @attrs.frozen
@@ -69,6 +70,11 @@ CHECKS: dict[str, Check] = {
         "state values across the dtype's range; read results own their memory; stores round to nearest",
         rule="state-io",
     ),  # fmt: skip
+    "sequences": Check(
+        check_sequences,
+        "steps, commits, sync, write_state, read_state and check mixed over layers and slots, faults between",
+        rule="bookkeeping",
+    ),
     "warmup": Check(check_warmup, "warmup leaves the state intact", rule="warmup/state-intact"),
     "bad-inputs": Check(check_bad_inputs, "bad inputs raise InputError, write nothing", rule="layout"),
     "cuda-graph": Check(check_cuda_graph, "CUDA-graph replay equals eager calls", applies=_on_cuda),

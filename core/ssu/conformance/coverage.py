@@ -46,15 +46,24 @@ def drawn_cases(check: str, capabilities, device: str, profile) -> list[Case]:
     return seen
 
 
+#: the step inputs a case lays out, each drawn in every layout the backend takes
+LAID_OUT = ("x", "dt", "B", "C", "z", "out")
+
+
 def step_axes(caps) -> dict[str, tuple]:
     """The knobs of a one-token or speculative step the kit's cases set, and the values each may
-    take for a backend of ``caps``."""
-    return {
+    take for a backend of ``caps``: one row per argument's layout (``out`` one contiguous block
+    where the backend declares ``contiguous_rows``), per optional argument, per dtype."""
+    layouts = tuple(v for v in LAYOUTS if not (caps.contiguous_rows and v == "strided"))
+    axes = {
         "tokens": ("one", "several") if caps.speculative and caps.max_tokens_per_step > 1 else ("one",),
         "state dtype": tuple(sorted(caps.state_dtypes)),
         "input dtype": tuple(sorted(caps.input_dtypes)),
         "index dtype": tuple(sorted(caps.index_dtypes)),
-        "inputs": tuple(v for v in LAYOUTS if not (caps.contiguous_rows and v == "strided")),
+    }
+    for name in LAID_OUT:
+        axes[f"{name} layout"] = ("contiguous",) if name == "out" and caps.contiguous_rows else layouts
+    axes.update({
         "per-head": ("(H,)", "expanded") if caps.tied_inputs else ("(H,)",),
         "dt": ("x's dtype", "fp32 with a narrower x"),
         "D": ("fp32", "x's dtype", "none"),
@@ -65,6 +74,29 @@ def step_axes(caps) -> dict[str, tuple]:
         "out": ("given", "none"),
         "pad rows": ("yes", "no"),
         "pad id": ("negative", "past the cache", "a slot of the cache") if caps.any_pad_slot_id else ("negative",),
+    })  # fmt: skip
+    return axes
+
+
+def commit_axes(caps) -> dict[str, tuple]:
+    """The knobs of a commit (after a speculative step of the ``step`` and ``decode`` checks):
+    which counts its rows keep (:func:`.expect.draw_accepted` gives the first rows T, 1 and one
+    between, by construction), pad rows, the index dtype."""
+    if not caps.speculative or caps.max_tokens_per_step < 2:
+        return {}
+    counts = ("T", "1", "between") if caps.max_tokens_per_step > 2 else ("T", "1")
+    return {"counts": counts, "pad rows": ("yes", "no"), "index dtype": tuple(sorted(caps.index_dtypes))}
+
+
+def destination_axes(caps) -> dict[str, tuple]:
+    """The knobs of a step with ``dst_slots`` (the ``destinations`` check): what a row's
+    destination is, a pad row with a real destination, the index dtype."""
+    if not caps.destination_slots:
+        return {}
+    return {
+        "destination": ("a slot no row reads", "the pad id", "outside the cache"),
+        "pad row, real destination": ("yes", "no"),
+        "index dtype": tuple(sorted(caps.index_dtypes)),
     }
 
 
@@ -77,12 +109,17 @@ def step_cells(case: Case) -> set:
         return "none" if dtype is None else "fp32" if dtype == "fp32" else "x's dtype"
 
     pad = p.pad_slot_id
-    return {
+    given = {"z": case.z, "out": case.out}
+    cells = {
+        (f"{name} layout", "contiguous" if name == "out" and case.aligned else case.layout)
+        for name in LAID_OUT
+        if given.get(name, True)
+    }
+    return cells | {
         ("tokens", "several" if p.tokens_per_step > 1 else "one"),
         ("state dtype", p.state_dtype),
         ("input dtype", p.input_dtype),
         ("index dtype", case.index_dtype),
-        ("inputs", case.layout),
         ("per-head", "expanded" if case.tied else "(H,)"),
         ("dt", "fp32 with a narrower x" if narrower and (case.dt_dtype or p.input_dtype) == "fp32" else "x's dtype"),
         ("D", weight(case.D)),
@@ -96,13 +133,61 @@ def step_cells(case: Case) -> set:
     }
 
 
+def commit_cells(case: Case) -> set:
+    """The cells of :func:`commit_axes` the commit of ``case`` reaches."""
+    p = case.problem
+    if not p.speculative:
+        return set()
+    real, T = case.batch - case.pad_rows, p.tokens_per_step
+    counts = {"T"} | ({"1"} if real >= 2 else set()) | ({"between"} if real >= 3 and T > 2 else set())
+    cells = {("counts", c) for c in counts if real >= 1}
+    return cells | {("pad rows", "yes" if case.pad_rows else "no"), ("index dtype", case.index_dtype)}
+
+
+def destination_cells(case: Case) -> set:
+    """The cells of :func:`destination_axes` that the ``destinations`` check reaches on ``case``
+    (a kernel with validation on, as the kit opens them)."""
+    from ..harness import real_slots
+
+    p = case.problem
+    b = min(case.batch, len(real_slots(p)) // 2)
+    if b < 1:
+        return set()
+    pad = min(case.pad_rows, b - 1)
+    spare = len(real_slots(p)) - 2 * (b - pad) + (1 if b - pad >= 3 else 0) > 0
+    cells = {
+        ("destination", "a slot no row reads"),
+        ("destination", "outside the cache"),
+        ("index dtype", case.index_dtype),
+        ("pad row, real destination", "yes" if pad and spare else "no"),
+    }
+    if b - pad >= 3:
+        cells.add(("destination", "the pad id"))
+    return cells
+
+
+#: check -> (the axes of what its cases draw, the cells a case reaches)
+TABLES = {
+    "step": ((step_axes, step_cells), (commit_axes, commit_cells)),
+    "decode": ((step_axes, step_cells), (commit_axes, commit_cells)),
+    "destinations": ((destination_axes, destination_cells),),
+}
+
+
 def missing_step_cells(capabilities, device: str, profile, check: str = "step") -> list[tuple]:
-    """The cells of :func:`step_axes` no case of ``check`` reaches at ``profile``."""
-    reached = set()
-    for case in drawn_cases(check, capabilities, device, profile):
-        reached |= step_cells(case)
-    wanted = {(axis, v) for axis, values in step_axes(capabilities).items() for v in values}
-    return sorted(wanted - reached)
+    """The cells of the step forms (:data:`TABLES`: the step's knobs, and the commit's or the
+    destinations') no case of ``check`` reaches at ``profile``, each as (table, knob, value)."""
+    drawn = drawn_cases(check, capabilities, device, profile)
+    missing = set()
+    for axes, cells in TABLES[check]:
+        reached = set()
+        for case in drawn:
+            reached |= cells(case)
+        table = axes.__name__.removesuffix("_axes")
+        missing |= {(table, a, v) for a, values in axes(capabilities).items() for v in values} - {
+            (table, a, v) for a, v in reached
+        }
+    return sorted(missing)
 
 
 def missing_engine_cells(capabilities, device: str, profile) -> list[tuple]:
@@ -146,6 +231,10 @@ def markdown(capabilities) -> str:
     ]
     for axis, values in step_axes(capabilities).items():
         lines.append(f"| step (one token, speculative) | {axis} | {', '.join(values)} |  |  |")
+    for axis, values in commit_axes(capabilities).items():
+        lines.append(f"| commit | {axis} | {', '.join(values)} |  | a speculative step |")
+    for axis, values in destination_axes(capabilities).items():
+        lines.append(f"| step with dst_slots | {axis} | {', '.join(values)} |  | destination_slots |")
     probe = ssu.Problem(
         nheads=2, headdim=2, dstate=2, ngroups=1, state_dtype="bf16", input_dtype="bf16", num_slots=8, max_batch=2,
         tokens_per_step=2, engine_calls=capabilities.engine_calls,

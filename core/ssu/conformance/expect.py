@@ -51,10 +51,17 @@ def expect_no_fault(kernel) -> None:
 
 
 def draw_accepted(case: Case, gen):
+    """A commit's counts: the first rows keep every token, the first only, and one between (so each
+    kind is drawn by construction where the batch has the rows), the rest at random."""
     import torch
 
     p = case.problem
-    return torch.randint(1, p.tokens_per_step + 1, (case.batch,), generator=gen, dtype=torch.int32).to(p.device)
+    T = p.tokens_per_step
+    counts = torch.randint(1, T + 1, (case.batch,), generator=gen, dtype=torch.int32)
+    fixed = [T, 1] + ([int(torch.randint(2, T, (1,), generator=gen))] if T > 2 else [])
+    real = case.batch - case.pad_rows
+    counts[: min(len(fixed), real)] = torch.tensor(fixed[:real], dtype=torch.int32)
+    return counts.to(p.device)
 
 
 def expect_unchanged(kernel, state, before, named: dict, rule: str = "layers") -> None:

@@ -142,6 +142,14 @@ RULES = {
     "one kernel never share them (a step of one never moves the other).",
     "bookkeeping/per-kernel": '"One token": each kernel computes the equations for its own problem (its H and G), '
     "whatever other kernels of the backend were opened before.",
+    "bookkeeping/faults-kept": '"Pad rows, and ids that name no slot": the record holds the smallest key of every '
+    "call since the last check(); a later call with valid ids leaves it as it is.",
+    "bookkeeping/sync-some": '"States: allocated or adopted": sync(slots) makes those slots\' engine tensors current '
+    "and leaves the logical state of every other slot as it was, commits not yet folded in included.",
+    "bookkeeping/commit-per-layer": '"Several tokens per sequence": a commit moves every layer; each layer\'s next '
+    "step starts from its committed state, whichever layers were stepped before it.",
+    "bookkeeping/write-replaces": '"States: allocated or adopted": write_state replaces whatever a slot held: its '
+    "committed state, and any draft or commit a backend keeps beside it.",
     "tiles/batch-tail": '"One token": every row of the batch is served, whatever the batch size.',
     "tiles/heads-tail": '"One token": every head h < H is served, whatever H.',
     "tiles/dstate-tail": '"One token": the readout sums over every n < N, whatever N.',
