@@ -106,6 +106,50 @@ def test_verify_selected_checks(capsys):
     )
 
 
+def test_verify_takes_the_quick_profile_on_the_cpu_and_says_why(capsys):
+    from ssu.conformance.runner import device_profile
+
+    assert main(["verify", "--backend", "reference", "--device", "cpu", "--check", "roundtrip"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("ssu verify: backend reference on cpu, profile quick (6 drawn problems per check")
+    assert first.endswith(
+        "chosen for the CPU: small drawn shapes, a run of seconds; for more: --profile default, --profile thorough"
+    )
+    assert device_profile("cuda:1") == ("default", "chosen for cuda")
+
+
+@pytest.mark.parametrize("profile", ["smoke", "default"])
+def test_verify_runs_the_profile_asked_for(profile, capsys):
+    assert (
+        main(["verify", "--backend", "reference", "--device", "cpu", "--profile", profile, "--check", "roundtrip"]) == 0
+    )
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"profile {profile} (" in first and "chosen for" not in first and "--profile" not in first
+
+
+def test_verify_names_each_check_as_it_starts(capsys, monkeypatch):
+    """Each check's name is on stdout before the check runs, its result line after."""
+    from ssu.conformance import runner
+
+    printed_before = []
+    original = runner.run_check
+
+    def recording(backend, check, **kwargs):
+        printed_before.append((check, capsys.readouterr().out))
+        return original(backend, check, **kwargs)
+
+    monkeypatch.setattr(runner, "run_check", recording)
+    assert (
+        main(["verify", "--backend", "reference", "--device", "cpu", "--check", "roundtrip", "--check", "warmup"]) == 0
+    )
+    rest = capsys.readouterr().out
+    (first, before_first), (second, before_second) = printed_before
+    assert (first, second) == ("roundtrip", "warmup")
+    assert before_first.splitlines()[-1] == "  RUN   roundtrip       write_state/read_state round trip"
+    assert "PASS  roundtrip" in before_second and before_second.splitlines()[-1].startswith("  RUN   warmup ")
+    assert "PASS  warmup" in rest
+
+
 def test_verify_usage_errors(capsys):
     assert main(["verify", "--backend", "reference", "--check", "stepp"]) == 2
     assert "no such check; the checks are step, decode" in capsys.readouterr().err

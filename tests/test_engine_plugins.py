@@ -320,3 +320,49 @@ def test_ssu_check_compares_every_served_call_with_the_oracle(vllm_dispatch, mon
                 out=torch.empty(3, 4, 8))  # fmt: skip
     assert not json.loads((tmp_path / "checks.jsonl").read_text().splitlines()[-1])["ok"]
     assert any("outside the error budgets" in r.getMessage() for r in caplog.records)
+
+
+def _readme_log_lines() -> dict:
+    """The log lines README.md quotes ("Using it from an engine"), by engine."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("tests/test_engine_plugins.py holds these lines equal to what the plugins log -->\n```text\n")[1]
+    lines = block.split("\n```")[0].splitlines()
+    return {line.split("'s Mamba2 SSU")[0].removeprefix("ssu serves "): line for line in lines}
+
+
+@pytest.mark.parametrize("engine", ["vLLM", "SGLang"])
+def test_the_log_line_readme_quotes_is_the_one_the_plugin_logs(engine, request, monkeypatch, tmp_path, caplog, gen):
+    """README's proof that ssu serves an engine is the line the plugin logs, here for the reference
+    backend at Nemotron Nano 9B v2's mixer shape (the README's '...' stands for the other fields)."""
+    import re
+
+    quoted = _readme_log_lines()[engine]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "reference")
+    H, P, N, G = 128, 80, 128, 8
+    cache = torch.zeros(4, H, P, N)
+    x, dt, B, C = torch.randn(2, H, P), torch.randn(2, H), torch.randn(2, G, N), torch.randn(2, G, N)
+    A, D, bias, out = -torch.rand(H) - 1, torch.randn(H), torch.rand(H), torch.empty(2, H, P)
+    logger = "vllm.ssu" if engine == "vLLM" else "sglang.ssu"
+    with caplog.at_level(logging.INFO, logger=logger):
+        if engine == "vLLM":
+            request.getfixturevalue("vllm_dispatch")
+            vllm_plugin.register()
+            backend = sys.modules["vllm.model_executor.layers.mamba.ops.ssu_dispatch"]._BACKEND_REGISTRY["triton"]("c")
+            table = torch.tensor([[1], [3]], dtype=torch.int32)
+            backend(cache, x, dt, A, B, C, D, bias, dt_softplus=True, state_batch_indices=table,
+                    dst_state_batch_indices=table, null_block_id=0, out=out)  # fmt: skip
+        else:
+            dispatch = request.getfixturevalue("sglang_dispatch")
+            sglang_plugin.register()
+            (hook,) = dispatch.hooks[sglang_plugin.TARGET]
+            hook(lambda server_args: None, "server args")
+            slots = torch.tensor([1, 3], dtype=torch.int32)
+            dispatch._mamba_ssu_backend(cache, x, dt, A, B, C, D, z=None, dt_bias=bias, dt_softplus=True,
+                                        state_batch_indices=slots, out=out)  # fmt: skip
+    logged = [r.getMessage() for r in caplog.records if r.name == logger and r.getMessage().startswith("ssu serves")]
+    here = quoted.replace("'triton'", "'reference'").replace("requested triton", "requested reference")
+    pattern = re.escape(here).replace(re.escape(" ...:"), " [^:]+:")
+    assert len(logged) == 1 and re.fullmatch(pattern, logged[0]), (quoted, logged)

@@ -50,6 +50,35 @@ def test_generated_files(tmp_path):
     compile((root / "ssu_backend_my_kernel/plugin.py").read_text(), "plugin.py", "exec")
 
 
+@pytest.mark.parametrize(
+    "cuda, options, expected",
+    [
+        (False, {}, dict(profile="quick", device="cpu", max_examples=None)),
+        (True, {}, dict(profile="default", device="cuda", max_examples=None)),
+        (False, {"ssu_profile": "default"}, dict(profile="default", device="cpu", max_examples=None)),
+        (True, {"ssu_device": "cpu", "ssu_examples": 3}, dict(profile="quick", device="cpu", max_examples=3)),
+    ],
+)
+def test_generated_kit_test_is_quick_on_the_cpu_and_full_one_flag_away(tmp_path, monkeypatch, cuda, options, expected):
+    """The generated backend's conformance test runs profile quick on the CPU and default on CUDA;
+    ssu's pytest options (``--ssu-profile default``, named in its README) override them."""
+    import types
+
+    import torch
+
+    root = write_backend("my-kernel", tmp_path)
+    assert "pytest --ssu-profile default" in (root / "README.md").read_text()
+    spec = importlib.util.spec_from_file_location("generated_kit_test", root / "tests/test_conformance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+    monkeypatch.setattr(module, "assert_conformant", lambda name, **kwargs: calls.append((name, kwargs)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    request = types.SimpleNamespace(config=types.SimpleNamespace(getoption=lambda name: options.get(name)))
+    module.test_conformance(request)
+    assert calls == [("my-kernel", expected)]
+
+
 def _run(args, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)
 

@@ -64,7 +64,8 @@ README = """# ssu-backend-{name}
 An [ssu](https://github.com/ssu-project/ssu) backend for the Mamba2 selective state update.
 
     pip install -e ".[test]"     # registers the backend under the name "{name}"
-    pytest                       # the ssu conformance suite, plus this backend's own tests
+    pytest                       # the ssu conformance kit (profile quick on the CPU), and the rest
+    pytest --ssu-profile default # the kit's full profile (the one on CUDA); thorough: more still
     ssu backends                 # lists "{name}" with its status
 
 Select it in `ssu.toml`:
@@ -190,9 +191,14 @@ import ssu
 from ssu.testing import assert_conformant
 
 
-def test_conformance():
-    # profile "quick" while iterating, "thorough" before a release
-    assert_conformant("{name}", profile="default")
+def test_conformance(request):
+    """The conformance kit: profile quick on the CPU (seconds), default on CUDA; the options of
+    ssu's pytest plugin override them: ``pytest --ssu-profile default`` (or ``thorough``) for more,
+    ``--ssu-device``, ``--ssu-examples N``."""
+    option = request.config.getoption
+    device = option("ssu_device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    profile = option("ssu_profile") or ("quick" if device == "cpu" else "default")
+    assert_conformant("{name}", profile=profile, device=device, max_examples=option("ssu_examples"))
 
 
 def test_selected_from_a_config_file(tmp_path):

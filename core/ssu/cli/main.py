@@ -66,9 +66,9 @@ def _parser() -> Parser:
     p.add_argument(
         "--profile",
         choices=("smoke", "quick", "default", "thorough"),
-        default="default",
-        help="how much to cover: smoke (tiny, T <= 4: for interpreters), quick (small shapes), "
-        "default (real model shapes, long decodes), thorough",
+        default=None,
+        help="how much to cover: smoke (tiny, T <= 4: for interpreters), quick (small shapes; the default "
+        "on the CPU), default (real model shapes, long decodes; the default on CUDA), thorough",
     )
     p.add_argument("--examples", type=int, help="problems drawn per check (default: the profile's)")
     p.add_argument("--check", action="append", dest="checks", metavar="NAME", help="run only this check (repeatable)")
@@ -342,6 +342,7 @@ def cmd_verify(args) -> int:
     if importlib.util.find_spec("hypothesis") is None:
         raise UsageError("ssu verify draws its cases with hypothesis: pip install 'ssu-core[test]'")
     from ..conformance import CHECKS, PROFILES, run_conformance
+    from ..conformance.runner import device_profile
     from ..registry import default_registry
 
     if args.device:
@@ -356,7 +357,14 @@ def cmd_verify(args) -> int:
     name, device = _verified_backend(config, registry, args.device)
     state_dtypes = _state_dtypes(args.state_dtypes, registry.load(name).spec.capabilities, name)
     chosen = "" if config.candidates == (name,) else f" (from {', '.join(config.candidates)})"
-    profile = PROFILES[args.profile]
+    why = ""
+    if args.profile is None:  # the device's profile, saying so and naming the larger ones
+        profile_name, why = device_profile(device)
+        larger = list(PROFILES)[list(PROFILES).index(profile_name) + 1 :]
+        if larger:
+            why += "; for more: " + ", ".join(f"--profile {p}" for p in larger)
+        why = ", " + why
+    profile = PROFILES[args.profile or profile_name]
     examples = args.examples or profile.examples
     print(
         f"ssu verify: backend {name}{chosen} on {device}, profile {profile.name} "
@@ -364,9 +372,13 @@ def cmd_verify(args) -> int:
         f"decodes of {counted(profile.decode_steps, 'step')}"
         + (f", T capped at {profile.max_tokens}" if profile.max_tokens is not None else "")
         + (", corner cases" if profile.corners else "")
-        + ")",
+        + ")"
+        + why,
         flush=True,
     )
+
+    def start(check: str) -> None:
+        print(f"  RUN   {check:15s} {CHECKS[check].what}", flush=True)
 
     def show(report) -> None:
         print(f"  {report.status.upper():4s}  {report.check:15s} {CHECKS[report.check].what} ({report.seconds:.1f} s)")
@@ -394,6 +406,7 @@ def cmd_verify(args) -> int:
         max_examples=args.examples,
         on_report=show,
         state_dtypes=state_dtypes,
+        on_start=start,
     )
     failed = sum(r.status == "fail" for r in reports)
     skipped = sum(r.status == "skip" for r in reports)

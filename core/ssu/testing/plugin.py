@@ -27,11 +27,11 @@ def pytest_addoption(parser) -> None:
     group.addoption(
         "--ssu-profile",
         action="store",
-        default="default",
+        default=None,
         choices=("smoke", "quick", "default", "thorough"),
         help="how much the conformance suite covers: smoke (tiny shapes, T <= 4, for interpreters), "
         "quick (small shapes), default "
-        "(real model shapes too, long decodes), thorough (many more draws)",
+        "(real model shapes too, long decodes; the suite's default), thorough (many more draws)",
     )
     group.addoption(
         "--ssu-examples",

@@ -25,7 +25,7 @@ def test_conformance(ssu_backend, check, request):
         assert_conformant(
             ssu_backend,
             checks=[check],
-            profile=request.config.getoption("ssu_profile"),
+            profile=request.config.getoption("ssu_profile") or "default",
             max_examples=request.config.getoption("ssu_examples"),
             device=request.config.getoption("ssu_device"),
         )
