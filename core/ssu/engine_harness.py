@@ -475,20 +475,30 @@ def check_packed(
     before = all_states(kernel, state, layers)
     served = call if served_as is None else served_as
     heads = _per_head(served)
-    want_cache, want_out = oracle.packed_math64(
-        before[layer], served.x, heads["dt"], heads["A"], served.B, served.C, served.slots.cpu(),
+    reading = dict(
         pad_slot_id=p.pad_slot_id, dst_slots=None if served.dst_slots is None else served.dst_slots.cpu(),
         num_accepted=None if served.num_accepted is None else served.num_accepted.cpu(),
         cu_seqlens=None if served.cu_seqlens is None else served.cu_seqlens.cpu(), D=heads["D"], z=served.z,
         dt_bias=heads["dt_bias"], dt_softplus=served.dt_softplus,
     )  # fmt: skip
+
+    def packed_oracle(**misread):
+        args = (before[layer], served.x, heads["dt"], heads["A"], served.B, served.C, served.slots.cpu())
+        return oracle.packed_math64(*args, **dict(reading, **misread))
+
+    want_cache, want_out = packed_oracle()
     given = None if call.out is None else call.out.clone()
     out = kernel.packed_step(state, **call.kwargs(), layer=layer)
     _fault_named(kernel, fault, f"packed call ({describe(call)})", rule)
     expect_out(f"the packed call ({describe(call)})", call.out, call.x, out)
     owned = ~torch.isnan(want_out.flatten(1)[:, 0])
     W = call.slots.shape[1]
-    expect_close(f"packed call ({describe(call)}): outputs", out[owned], want_out[owned], oracle.tolerances(p, W)[0])
+    misreadings = _misreadings(reading, lambda **m: packed_oracle(**m)[1], served.x)
+    if reading["num_accepted"] is not None:
+        misreadings.insert(0, ("engine/packed-start-column", "counts ignored (every sequence from column 0)",
+                               lambda: packed_oracle(num_accepted=None)[1]))  # fmt: skip
+    _expect_outputs(f"packed call ({describe(call)}): outputs", out, want_out, owned, oracle.tolerances(p, W)[0],
+                    misreadings)  # fmt: skip
     if given is not None and not _same(out[~owned], given[~owned]):
         row = int(torch.nonzero(~owned).flatten()[0])
         raise CheckFailure(
@@ -566,13 +576,18 @@ def check_verify(
     served = call if served_as is None else served_as
     heads = _per_head(served)
     buffer_before = None if call.buffer is None else call.buffer.clone()
-    want_cache, want_buffer, want_out = oracle.verify_math64(
-        before[layer], served.x, heads["dt"], heads["A"], served.B, served.C, served.slots.cpu(),
+    reading = dict(
         pad_slot_id=p.pad_slot_id, update_state=served.update_state, buffer=served.buffer,
         buffer_rows=None if served.buffer_rows is None else served.buffer_rows.cpu(),
         parents=None if served.parents is None else served.parents.cpu(), D=heads["D"], z=served.z,
         dt_bias=heads["dt_bias"], dt_softplus=served.dt_softplus,
     )  # fmt: skip
+
+    def verify_oracle(**misread):
+        args = (before[layer], served.x, heads["dt"], heads["A"], served.B, served.C, served.slots.cpu())
+        return oracle.verify_math64(*args, **dict(reading, **misread))
+
+    want_cache, want_buffer, want_out = verify_oracle()
     try:
         out = kernel.verify_step(state, **call.kwargs(), layer=layer)
     except InputError:
@@ -588,7 +603,20 @@ def check_verify(
     out_tol = oracle.tolerances(p, T)[0]
     if call.buffer is not None and call.parents is not None:  # parents come back rounded to the buffer
         out_tol = max(out_tol, oracle.state_tolerance(_dtype(call.buffer), T))
-    expect_close(f"verify call ({describe(call)}): outputs", out[compared], want_out[compared], out_tol)
+
+    def misread(part: int) -> list:  # part 2: the outputs, 1: the intermediate states (their first T steps)
+        def result(**m):
+            return verify_oracle(**m)[part][:, :x_tokens] if part == 1 else verify_oracle(**m)[part]
+
+        found = _misreadings(reading, result, served.x)
+        if reading["parents"] is not None:
+            found.insert(0, ("engine/verify-parents", "parents ignored (each token after the one before)",
+                             lambda: result(parents=None)))  # fmt: skip
+        return found
+
+    x_tokens = served.x.shape[1]
+
+    _expect_outputs(f"verify call ({describe(call)}): outputs", out, want_out, compared, out_tol, misread(2))
     if call.buffer is not None:
         rows = sorted(
             int(r) for r in torch.nonzero((want_buffer != buffer_before.double()).flatten(1).any(1)).flatten()
@@ -596,13 +624,9 @@ def check_verify(
         untouched = [r for r in range(call.buffer.shape[0]) if r not in rows]
         if not torch.equal(call.buffer[untouched], buffer_before[untouched]):
             raise CheckFailure("verify call: a buffer row the call does not write changed", "engine/verify-buffer-rows")
-        steps = call.buffer[rows, :T]
-        expect_close(
-            "verify call: intermediate states",
-            steps,
-            want_buffer[rows, :T],
-            oracle.state_tolerance(_dtype(call.buffer), T),
-        )
+        state_tol = oracle.state_tolerance(_dtype(call.buffer), T)
+        what = f"verify call ({describe(call)}): intermediate states"
+        _expect_outputs(what, call.buffer[:, :T], want_buffer[:, :T], rows, state_tol, misread(1))
         if not torch.equal(call.buffer[rows, T:], buffer_before[rows, T:]):
             raise CheckFailure("verify call: buffer steps past the call's tokens changed", "engine/verify-step-index")
     after = all_states(kernel, state, layers)
@@ -614,6 +638,37 @@ def check_verify(
     carried = _dtype(call.buffer) if call.buffer is not None and call.parents is not None else None
     _compare_states(kernel, "verify call", after[layer], want_cache, before[layer], sorted(written), T, carried)
     return True
+
+
+def _misreadings(reading: dict, outputs, x) -> list:
+    """Readings of a call's per-head inputs a backend may take instead of the spec's, each as (the
+    rule it breaks, what it does, what it gives): softplus's flag the other way round, each of D,
+    z and dt_bias given but left out, and no z taken as a gate of zeros. ``outputs(**misread)``:
+    the oracle's result compared (outputs, or intermediate states)."""
+    import torch
+
+    found = [("one-token/softplus-flag", f"dt_softplus read as {not reading['dt_softplus']}",
+              lambda: outputs(dt_softplus=not reading["dt_softplus"]))]  # fmt: skip
+    for name in ("D", "z", "dt_bias"):
+        if reading[name] is not None:
+            found.append(("engine/optional-inputs", f"{name} left out", lambda name=name: outputs(**{name: None})))
+    if reading["z"] is None:
+        found.append(("engine/optional-inputs", "no z taken as a gate of zeros",
+                      lambda: outputs(z=torch.zeros_like(x))))  # fmt: skip
+    return found
+
+
+def _expect_outputs(what: str, out, want, rows, tol: float, misreadings) -> None:
+    """The outputs of ``rows`` within ``tol`` of the oracle's; else a failure naming the rule of the
+    first misreading whose outputs they are (within the same budget), or the group ``engine``
+    when none explains them (a wrong recurrence, which any rule of the call may break)."""
+    try:
+        expect_close(what, out[rows], want[rows], tol)
+    except CheckFailure as failure:
+        for rule, says, outputs in misreadings:
+            if oracle.rel_error(out[rows], outputs()[rows]) <= tol:
+                raise CheckFailure(f"{failure}; they match the call read with {says}", rule) from None
+        raise CheckFailure(str(failure), "engine") from None
 
 
 def _same(a, b) -> bool:

@@ -189,3 +189,17 @@ def test_each_mutant_overrides_one_method_and_says_why():
         assert len(own) == 1, f"{mutant.__name__} overrides {own}"
         base = Deferred if issubclass(mutant, Deferred) else Independent
         assert hasattr(base, own[0]), f"{mutant.__name__}.{own[0]} overrides nothing of {base.__name__}"
+
+
+@pytest.mark.parametrize(
+    "mutant, check, rule",
+    [("PackedIgnoresCounts", "packed-calls", "engine/packed-start-column"),
+     ("VerifyIgnoresParents", "verify-calls", "engine/verify-parents"),
+     ("VerifyGatesWithZeroWithoutZ", "verify-calls", "engine/optional-inputs")],
+)  # fmt: skip
+def test_an_engine_calls_wrong_outputs_name_the_reading_they_match(mutant, check, rule, registry):
+    """Outputs off the oracle name the rule of the misreading that gives them (counts ignored,
+    parents ignored, no z taken as zeros), where one does; the group otherwise."""
+    name = {m.__name__: m for m in MUTANTS}[mutant].NAME
+    (report,) = ssu.conformance.run_conformance(name, checks=[check], registry=registry)
+    assert report.status == "fail" and f"breaks {rule}:" in report.failure, report.failure

@@ -311,7 +311,9 @@ def corner_cases(capabilities, device: str, profile: Profile, *, speculative: Op
     and not a multiple of 16, head and state sizes past powers of two, two or more groups, a batch
     of up to 16 rows with two pad rows over 24 slots, the pad id inside the cache where the backend
     takes one there (a null block, which an engine leaves holding anything), int64 ids where
-    declared, every optional input, strided rows, ``out=None``."""
+    declared, every optional input, strided rows, ``out=None``. Then, at a small shape, a case for
+    each pairing of a state dtype and an input dtype those did not meet, so that every pairing the
+    backend declares is drawn by construction."""
     caps = capabilities
     odd = lambda v: v & (v - 1) != 0  # noqa: E731 (not a power of two)
     heads = _allowed(caps.nheads, NHEADS)
@@ -353,6 +355,29 @@ def corner_cases(capabilities, device: str, profile: Profile, *, speculative: Op
                 label=f"corner {state}{' T=' + str(T) if spec else ''}",
                 aligned=caps.contiguous_rows,
             )
+        )
+    met = {(c.problem.state_dtype, c.problem.input_dtype) for c in out}
+    pairs = [(s, i) for s in states for i in sorted(caps.input_dtypes, key=_dtype_order) if (s, i) not in met]
+    h = min(heads)
+    small = dict(nheads=h, headdim=min(_allowed(caps.headdims, HEADDIMS)), dstate=min(_allowed(caps.dstates, DSTATES)),
+                 ngroups=1 if caps.ngroups is None or 1 in caps.ngroups else min(caps.ngroups))  # fmt: skip
+    for state, inp in pairs:
+        spec = kinds[len(out) % len(kinds)]
+        T = min(3, caps.max_tokens_per_step, profile.max_tokens or 3) if spec else 1
+        problem = Problem(**small, state_dtype=state, input_dtype=inp, num_slots=8, max_batch=4, tokens_per_step=T,
+                          speculative=spec, device=device, pad_slot_id=pad)  # fmt: skip
+        out.append(
+            Case(
+                problem,
+                seed=1000 + len(out),
+                layout="rows" if caps.contiguous_rows else "strided",
+                dt_bias=inp,
+                batch=4,
+                pad_rows=1,
+                steps=min(profile.decode_steps, 4),
+                label=f"corner {state} x {inp}",
+                aligned=caps.contiguous_rows,
+            )  # fmt: skip
         )
     return out
 

@@ -59,6 +59,7 @@ def step_axes(caps) -> dict[str, tuple]:
         "tokens": ("one", "several") if caps.speculative and caps.max_tokens_per_step > 1 else ("one",),
         "state dtype": tuple(sorted(caps.state_dtypes)),
         "input dtype": tuple(sorted(caps.input_dtypes)),
+        "state x input": tuple(f"{s} x {i}" for s in sorted(caps.state_dtypes) for i in sorted(caps.input_dtypes)),
         "index dtype": tuple(sorted(caps.index_dtypes)),
     }
     for name in LAID_OUT:
@@ -119,6 +120,7 @@ def step_cells(case: Case) -> set:
         ("tokens", "several" if p.tokens_per_step > 1 else "one"),
         ("state dtype", p.state_dtype),
         ("input dtype", p.input_dtype),
+        ("state x input", f"{p.state_dtype} x {p.input_dtype}"),
         ("index dtype", case.index_dtype),
         ("per-head", "expanded" if case.tied else "(H,)"),
         ("dt", "fp32 with a narrower x" if narrower and (case.dt_dtype or p.input_dtype) == "fp32" else "x's dtype"),
