@@ -101,7 +101,7 @@ def test_verify_selected_checks(capsys):
     out = capsys.readouterr().out
     assert (
         "2 passed, 0 failed, 0 skipped" in out
-        and "ran 7 cases (0 at real shapes, 5 corners)" in out
+        and "ran 17 cases (0 at real shapes, 15 corners)" in out
         and "FAIL" not in out
     )
 
