@@ -483,9 +483,12 @@ class Independent:
         idx = slots[moved].long()
         if idx.numel() == 0:
             return
-        drafts = self.choose_version(num_accepted[moved], p.tokens_per_step)
+        self.keep_drafts(ctx, state, idx, self.choose_version(num_accepted[moved], p.tokens_per_step))
+
+    def keep_drafts(self, ctx, state, idx, drafts):
+        """Make draft ``drafts[i]`` of slot ``idx[i]`` its current state, in every layer."""
         for layer in range(state.num_layers):
-            self.commit_layer(p, self.store_of(state, layer), idx, drafts)
+            self.commit_layer(ctx.problem, self.store_of(state, layer), idx, drafts)
 
     # read, write, warmup ----------------------------------------------------------------------
     def read_state(self, ctx, state, slots, layer):
@@ -720,14 +723,8 @@ class Deferred(Independent):
         self.fold_for_step(ctx, state, layer, slots)
         return super().step(ctx, state, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, layer, dst_slots)
 
-    def commit(self, ctx, state, slots, num_accepted):
-        """Note, for every layer, the draft each moved slot keeps."""
-        p = ctx.problem
-        moved = self.commit_rows(ctx, slots, num_accepted)
-        if not p.speculative:
-            return
-        idx = slots[moved].long()
-        drafts = self.choose_version(num_accepted[moved], p.tokens_per_step)
+    def keep_drafts(self, ctx, state, idx, drafts):
+        """Note, for every layer, the draft each moved slot keeps (folded in later)."""
         for layer in range(state.num_layers):
             self.pending_of(state, layer)[idx] = drafts
 

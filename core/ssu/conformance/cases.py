@@ -331,6 +331,9 @@ def corner_cases(capabilities, device: str, profile: Profile, *, speculative: Op
     pad = 0 if caps.any_pad_slot_id else -1
     inp = "bf16" if "bf16" in caps.input_dtypes else sorted(caps.input_dtypes, key=_dtype_order)[0]
     out = []
+    # what every corner case shares: rows strided (16-byte aligned ones where the backend needs them)
+    shared = dict(layout="rows" if caps.contiguous_rows else "strided", steps=min(profile.decode_steps, 4),
+                  aligned=caps.contiguous_rows)  # fmt: skip
     states = sorted(caps.state_dtypes, key=_dtype_order)
     for i in range(max(len(states), len(kinds))):  # the dtypes take turns over the kinds
         state, spec = states[i % len(states)], kinds[i % len(kinds)]
@@ -345,15 +348,13 @@ def corner_cases(capabilities, device: str, profile: Profile, *, speculative: Op
                 problem,
                 seed=1000 + len(out),
                 index_dtype="int64" if "int64" in caps.index_dtypes else sorted(caps.index_dtypes)[0],
-                layout="rows" if caps.contiguous_rows else "strided",
                 dt_bias=inp,
                 D=inp,
                 out=False,
                 batch=16,
                 pad_rows=2,
-                steps=min(profile.decode_steps, 4),
                 label=f"corner {state}{' T=' + str(T) if spec else ''}",
-                aligned=caps.contiguous_rows,
+                **shared,
             )
         )
     met = {(c.problem.state_dtype, c.problem.input_dtype) for c in out}
@@ -370,13 +371,11 @@ def corner_cases(capabilities, device: str, profile: Profile, *, speculative: Op
             Case(
                 problem,
                 seed=1000 + len(out),
-                layout="rows" if caps.contiguous_rows else "strided",
                 dt_bias=inp,
                 batch=4,
                 pad_rows=1,
-                steps=min(profile.decode_steps, 4),
                 label=f"corner {state} x {inp}",
-                aligned=caps.contiguous_rows,
+                **shared,
             )  # fmt: skip
         )
     return out

@@ -103,7 +103,7 @@ class _Run:
         if self.faults_drawn and self.rows and int(torch.randint(3, (1,), generator=gen)) == 0:
             bad_row = int(torch.randint(self.rows, (1,), generator=gen))
             if p.speculative and int(torch.randint(2, (1,), generator=gen)):
-                bad_count, bad_row = (0, p.tokens_per_step + 1)[int(torch.randint(2, (1,), generator=gen))], bad_row
+                bad_count = (0, p.tokens_per_step + 1)[int(torch.randint(2, (1,), generator=gen))]
             else:
                 candidates = _outside_ids(p, 3, self.index_dtype)
                 bad_id = candidates[int(torch.randint(len(candidates), (1,), generator=gen))]
@@ -146,7 +146,7 @@ class _Run:
             self.want[layer][slots[served]] = states.double().cpu()[rows, pick[served]]
             self.age[layer][slots[served]] += 1
             for slot in slots[served].tolist():
-                self.last[layer][slot] = ("commit" if p.speculative else "step", layer)
+                self.last[layer][slot] = "commit" if p.speculative else "step"
 
     def read(self) -> None:
         """``read_state`` of some slots of one layer: the model's states within the budget; the
@@ -168,7 +168,7 @@ class _Run:
         self.want[layer][slots] = values.double().cpu()
         self.age[layer][slots] = 1  # its rounding to the cache dtype
         for slot in slots.tolist():
-            self.last[layer][slot] = ("write", layer)
+            self.last[layer][slot] = "write"
 
     def sync(self) -> None:
         """``sync`` of some slots (or every slot): an adopted cache's engine tensors then hold the
@@ -182,9 +182,9 @@ class _Run:
         if slots is not None:
             for layer in range(LAYERS):
                 for slot in set(self.pool.tolist()) - set(slots.tolist()):
-                    kind, by = self.last[layer].get(slot, ("", None))
+                    kind = self.last[layer].get(slot, "")
                     if not kind.endswith("after sync"):
-                        self.last[layer][slot] = (f"{kind} after sync", by)
+                        self.last[layer][slot] = f"{kind} after sync"
         if self.adopt:
             named = self.pool if slots is None else slots
             for layer in range(LAYERS):
@@ -195,7 +195,7 @@ class _Run:
     def check(self) -> None:
         """``kernel.check()`` raises the model's smallest key since the last check, or nothing."""
         self._note("check")
-        self._checked(lambda: self.kernel.check())
+        self._checked(self.kernel.check)
 
     def finish(self) -> None:
         """``sync`` of every slot, every pool slot of every layer read, nothing else changed."""
@@ -274,7 +274,7 @@ class _Run:
         diff = (got.double().cpu() - want.double().cpu()).abs().flatten(1).amax(1)
         diff[~served] = -1.0
         slot = int(slots[int(torch.argmax(diff))])
-        kind, by = self.last[layer].get(slot, ("", None))
+        kind = self.last[layer].get(slot, "")
         if kind.endswith("after sync"):
             return "bookkeeping/sync-some"
         if kind == "write":
