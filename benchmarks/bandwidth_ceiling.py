@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ssu.timing import graph_time_us
+from ssu.measure.timing import graph_time_us
 
 PEAK_TBPS = 4.26
 COLD_BYTES = 1 << 30

@@ -19,7 +19,7 @@ import time
 import torch
 
 import ssu
-from ssu.inputs import pick_slots, step_inputs
+from ssu.checking.inputs import pick_slots, step_inputs
 
 
 class NoOpBackend:

@@ -18,7 +18,7 @@ import time
 
 WARM = """
 import sys, torch, ssu
-from ssu.harness import engine_cache, engine_scales
+from ssu.checking.harness import engine_cache, engine_scales
 state, inp, N, P, T, index, *flags = sys.argv[1].split(",")
 calls = {f for f in flags if f in ("packed", "verify")}
 p = ssu.Problem(nheads=8, headdim=int(P), dstate=int(N), ngroups=1, state_dtype=state, input_dtype=inp,

@@ -44,7 +44,7 @@ import torch
 import ssu
 import ssu.integrations.transformers as ssu_hf
 from ssu.integrations import hf_models
-from ssu.timing import host_times_us
+from ssu.measure.timing import host_times_us
 
 
 def device_us(fn, calls: int) -> float:

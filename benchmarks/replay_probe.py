@@ -54,7 +54,7 @@ def regime_cursors(regime: str, shape, window: int, tokens: int, gen):
 def regime_bytes(problem, batch: int, regime: str, window: int, counts) -> float:
     """Bytes a launch must move in ``regime``: the checkpoints read, those written, ring rows read
     and appended, inputs and outputs."""
-    from ssu.traffic import io_bytes
+    from ssu.measure.traffic import io_bytes
     from ssu_backend_triton.replay_layout import token_bytes
 
     p = problem
@@ -77,8 +77,8 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
     outputs wrong)."""
     import torch
 
-    from ssu.inputs import step_inputs
-    from ssu.timing import graph_time_us
+    from ssu.checking.inputs import step_inputs
+    from ssu.measure.timing import graph_time_us
     from ssu_backend_triton import replay_engine, replay_launch, replay_layout
     from ssu_backend_triton.replay_launch import Plan, ReplayConstants
 

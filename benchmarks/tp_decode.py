@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 import ssu
-from ssu import oracle
+from ssu.checking import oracle
 from ssu.cli.problem_args import MODELS
-from ssu.inputs import layer_weights, random_states, step_inputs
+from ssu.checking.inputs import layer_weights, random_states, step_inputs
 
 
 def parse(argv=None) -> argparse.Namespace:

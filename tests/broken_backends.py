@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import ssu
-from ssu import quant, slot_state
+from ssu.state import quant, slot_state
 from ssu.reference.math import make_step, per_head
-from ssu.validation import contiguous_strides
+from ssu.runtime.validation import contiguous_strides
 
 
 class _Base:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 import ssu
-from ssu.registry import GROUP, Registry
+from ssu.plugins.registry import GROUP, Registry
 
 
 class FakeSite:
@@ -78,7 +78,7 @@ def ssu_backend():
 def ssu_probe(device):
     return ssu.AVAILABLE if AVAILABLE else ssu.Availability(False, "no frobnicator here", "install a frobnicator")
 
-from ssu.slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
+from ssu.state.slot_state import ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
 """
 
 
@@ -100,7 +100,7 @@ def gpu_only_backend():
     import types
 
     from ssu.reference.math import make_step
-    from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
+    from ssu.state.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state
 
     def ssu_backend():
         return ssu.BackendSpec(name="gpu-only", api_version=ssu.PLUGIN_API_VERSION, factory=make_step,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import ssu
-from ssu import slot_state
+from ssu.state import slot_state
 from ssu.reference.math import make_step
 
 

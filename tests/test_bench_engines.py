@@ -110,7 +110,7 @@ def test_the_check_of_a_large_call_reads_it_a_few_rows_at_a_time():
 
     import torch
 
-    from ssu.oracle import rel_error
+    from ssu.checking.oracle import rel_error
 
     gen = torch.Generator().manual_seed(3)
     expected = torch.randn(70, 3, 5, generator=gen)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ssu
-from ssu.config import find_config_file
+from ssu.plugins.config import find_config_file
 
 
 def write(tmp_path, text, name="ssu.toml"):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ssu.registry import GROUP, Registry
+from ssu.plugins.registry import GROUP, Registry
 from ssu.testing import CHECK_NAMES, assert_conformant
 
 from broken_backends import BROKEN

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import ssu
-from ssu import devices
-from ssu.inputs import step_inputs
+from ssu.contract import devices
+from ssu.checking.inputs import step_inputs
 
 
 class Recorder:
-    """Stands in for ``ssu.devices._cuda_device``: records the indices made current."""
+    """Stands in for ``ssu.contract.devices._cuda_device``: records the indices made current."""
 
     def __init__(self, real=None):
         self.entered: list[int] = []

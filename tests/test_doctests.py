@@ -7,7 +7,13 @@ import importlib
 
 import pytest
 
-MODULES = ["ssu.config", "ssu.dtypes", "ssu.options", "ssu.testing.checks", "ssu.cli.usage"]
+MODULES = [
+    "ssu.plugins.config",
+    "ssu.contract.dtypes",
+    "ssu.contract.options",
+    "ssu.testing.checks",
+    "ssu.contract.errors",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

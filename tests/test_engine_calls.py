@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu import engine_harness, faults, oracle
-from ssu.harness import engine_cache, engine_scales, prepared
+from ssu.checking import engine_harness, oracle
+from ssu.state import faults
+from ssu.checking.harness import engine_cache, engine_scales, prepared
 
 from fakes import good_backend, small_problem
 
@@ -181,7 +182,7 @@ def test_dropin_takes_vllms_speculative_call(gen):
     assert oracle.rel_error(out[owned], want_out[owned]) < oracle.output_tolerance("bf16", 4)
     assert oracle.rel_error(cache[1:], want_cache[1:]) < oracle.state_tolerance("fp32", 4)
     assert torch.equal(pages[:, 1], pages[:, 1].clone())  # the engine's other page data: never touched
-    kernel = ssu.dropin.kernel_for(cache, config) or ssu.dropin._adopted[(id(cache), id(config), "packed")].kernel
+    kernel = ssu.dropin.kernel_for(cache, config) or ssu.dropin.cache._adopted[(id(cache), id(config), "packed")].kernel
     assert kernel.problem.engine_calls == {"packed"} and kernel.problem.tokens_per_step == 4
     ssu.dropin.clear()
 
@@ -292,7 +293,7 @@ def packed_setup(gen, **problem):
 
 
 def unchanged(kernel, state, call_fn):
-    from ssu.harness import logical_states
+    from ssu.checking.harness import logical_states
 
     before = logical_states(kernel, state, 0).clone()
     call_fn()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ssu
-from ssu import oracle
+from ssu.checking import oracle
 
 import engine_kernels
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ssu
-from ssu import oracle
+from ssu.checking import oracle
 from ssu.integrations import sglang as sglang_plugin
 from ssu.integrations import vllm as vllm_plugin
 

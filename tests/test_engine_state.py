@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu import oracle
-from ssu.harness import compare_with_reference, engine_cache
+from ssu.checking import oracle
+from ssu.checking.harness import compare_with_reference, engine_cache
 
 from fakes import gpu_only_backend, small_problem
 
@@ -96,7 +96,7 @@ def test_a_bad_cache_is_refused(cache, message):
 
 def test_a_backend_that_cannot_adopt_is_refused_at_open():
     from fakes import good_backend
-    from ssu.registry import Registry
+    from ssu.plugins.registry import Registry
 
     namespace: dict = {}
     exec(good_backend("owner"), namespace)  # noqa: S102 - a test backend's source
@@ -126,8 +126,8 @@ def test_a_backend_that_cannot_adopt_is_refused_at_open():
     ],
 )
 def test_bad_step_arguments_are_refused_before_anything_is_written(change, message, gen):
-    from ssu.harness import logical_states, prepared
-    from ssu.inputs import step_inputs
+    from ssu.checking.harness import logical_states, prepared
+    from ssu.checking.inputs import step_inputs
 
     p = small_problem(input_dtype="bf16")
     kernel = ssu.open(ssu.Config(), p)
@@ -139,7 +139,7 @@ def test_bad_step_arguments_are_refused_before_anything_is_written(change, messa
 
 
 def test_destination_slots_are_refused_where_they_mean_nothing(gen):
-    from ssu.inputs import step_inputs
+    from ssu.checking.inputs import step_inputs
 
     p = small_problem(speculative=True, tokens_per_step=2)
     kernel = ssu.open(ssu.Config(), p)
@@ -209,7 +209,7 @@ def test_dropin_steps_the_callers_cache_in_place(tied, gen):
     assert torch.equal(cache[3:], before[3:])
     again = mamba2_call(3, gen, tied=tied)  # the second call finds its kernel and adopted state
     ssu.selective_state_update(cache, **again, dt_softplus=True)
-    assert len(ssu.dropin._kernels) == 1 and ssu.dropin.kernel_for(cache).problem.engine_state
+    assert len(ssu.dropin.cache._kernels) == 1 and ssu.dropin.kernel_for(cache).problem.engine_state
 
 
 @pytest.mark.parametrize("pad", [-1, 0, 99])
@@ -286,14 +286,14 @@ def test_a_mamba1_layers_call_is_not_served_and_opens_nothing(gen):
         before = cache.clone()
         with pytest.raises(ssu.NotServedError, match="Mamba-1"):
             ssu.selective_state_update(cache, x, dt, A, B, C, dt_softplus=True, state_batch_indices=slots)
-        assert torch.equal(cache, before) and not ssu.dropin._kernels, engine
+        assert torch.equal(cache, before) and not ssu.dropin.cache._kernels, engine
     assert issubclass(ssu.NotServedError, ssu.InputError)
 
 
 def test_a_problem_no_backend_serves_is_refused_once(gen, monkeypatch):
     """The refusal is remembered per problem: the next cache tensor of that problem is refused
     without resolving again."""
-    from ssu import kernel as kernel_module
+    from ssu.runtime import kernel as kernel_module
 
     opened = []
     real = kernel_module.open_kernel
@@ -318,10 +318,10 @@ def test_a_problem_no_backend_serves_is_refused_once(gen, monkeypatch):
 def test_dropin_forgets_a_cache_the_engine_dropped(gen):
     cache = torch.randn(4, H, P, N, generator=gen)
     ssu.selective_state_update(cache, **mamba2_call(2, gen, tied=True))
-    assert len(ssu.dropin._adopted) == 1
+    assert len(ssu.dropin.cache._adopted) == 1
     del cache
     gc.collect()
-    assert len(ssu.dropin._adopted) == 0
+    assert len(ssu.dropin.cache._adopted) == 0
 
 
 def test_needs_sync_says_whether_the_engine_tensor_is_current():

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ssu.files import lock_path, locked, write_atomically
+from ssu.measure.files import lock_path, locked, write_atomically
 
 
 def _increment(path: str, times: int) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ssu
-from ssu.registry import Registry
+from ssu.plugins.registry import Registry
 
 from fakes import small_problem
 
@@ -27,7 +27,7 @@ def test_allocate_state_checks_layers():
 
 
 def test_step_returns_and_fills_out(gen):
-    from ssu.inputs import step_inputs
+    from ssu.checking.inputs import step_inputs
 
     p = small_problem()
     kernel = ssu.open(ssu.Config(), p)

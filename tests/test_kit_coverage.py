@@ -13,7 +13,7 @@ import torch
 
 from ssu.conformance import coverage, engine_draws
 from ssu.conformance.cases import PROFILES
-from ssu.registry import default_registry
+from ssu.plugins.registry import default_registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT = PROFILES["default"]

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import ssu
-from ssu import quant, slot_state
+from ssu.state import quant, slot_state
 from ssu.conformance import PROFILES, runner
 from ssu.conformance.cases import real_cases
 from ssu.reference.math import make_step
-from ssu.registry import GROUP, Registry
+from ssu.plugins.registry import GROUP, Registry
 from ssu.testing import assert_conformant
 from ssu.testing.checks import CheckSkipped
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import ssu
-from ssu import oracle, slot_state
-from ssu.registry import default_registry
+from ssu.checking import oracle
+from ssu.state import slot_state
+from ssu.plugins.registry import default_registry
 
 from fakes import small_problem
 from test_engine_state import expected, mamba2_call
@@ -192,7 +193,7 @@ def test_a_kernel_without_lanes_is_asked_once(gen):
     cache = torch.randn(6, H, P, N, generator=gen)
     for _ in range(3):
         ssu.selective_state_update(cache, **mamba2_call(3, gen, tied=True), dt_softplus=True)
-    (entry,) = ssu.dropin._adopted.values()
+    (entry,) = ssu.dropin.cache._adopted.values()
     assert entry.lanes == [] and entry.binds == ssu.dropin.LANE_BINDS
     ssu.dropin.clear()
 
@@ -213,8 +214,8 @@ def test_a_cache_lane_serves_a_fresh_copy_of_the_cache_at_every_step(cache_laned
     before it, and keeps that copy. After the first call no copy is adopted or checked again, every
     state and output matches the oracle, and the copies dropped are freed."""
     prepared = []
-    prepare = ssu.dropin._prepare
-    monkeypatch.setattr(ssu.dropin, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    prepare = ssu.dropin.cache._prepare
+    monkeypatch.setattr(ssu.dropin.cache, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
     config = ssu.Config(backend=Laned.NAME)
     cache = torch.randn(6, H, P, N, generator=gen)
     dropped = []
@@ -228,7 +229,7 @@ def test_a_cache_lane_serves_a_fresh_copy_of_the_cache_at_every_step(cache_laned
         dropped.append(weakref.ref(before))
         del before
     assert len(prepared) == 1 and cache_laned.cache_bound == [3] and cache_laned.cache_served == 4
-    assert cache_laned.bound == [] and not ssu.dropin._adopted
+    assert cache_laned.bound == [] and not ssu.dropin.cache._adopted
     assert all(ref() is None for ref in dropped)
     assert ssu.dropin.kernel_for(cache, config).backend == Laned.NAME
 
@@ -278,11 +279,13 @@ def test_a_patched_model_decodes_through_cache_lanes(cache_laned, monkeypatch):
     ids = torch.randint(0, 1024, (2, 6), generator=torch.Generator().manual_seed(0))
     own = hf_models.generate(model, ids, 5)
     prepared = []
-    prepare = ssu.dropin._prepare
-    monkeypatch.setattr(ssu.dropin, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    prepare = ssu.dropin.cache._prepare
+    monkeypatch.setattr(ssu.dropin.cache, "_prepare", lambda *a, **k: prepared.append(1) or prepare(*a, **k))
     dropin_calls = []
     dropin = ssu.dropin.after_cache_lanes
-    monkeypatch.setattr(ssu.dropin, "after_cache_lanes", lambda *a, **k: dropin_calls.append(1) or dropin(*a, **k))
+    monkeypatch.setattr(
+        ssu.dropin.cache, "after_cache_lanes", lambda *a, **k: dropin_calls.append(1) or dropin(*a, **k)
+    )
     with integration.patch(model, backend=Laned.NAME) as patch:
         through = hf_models.generate(model, ids, 5)
     calls = 4 * len(patch.mixers)  # 4 decode steps per mixer

@@ -1,4 +1,4 @@
-"""What a configuration is checked for before any problem is known (ssu.preflight): the names it
+"""What a configuration is checked for before any problem is known (ssu.plugins.preflight): the names it
 gives, their option tables and values, whether each named backend imports, and, for an engine,
 whether each can step an engine's cache and whether any is installed at all. Each error says where
 the name came from."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import ssu
-from ssu.config import load_config
-from ssu.preflight import preflight
+from ssu.plugins.config import load_config
+from ssu.plugins.preflight import preflight
 
 from fakes import good_backend
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu import quant
-from ssu.dtypes import QMAX
-from ssu.inputs import layer_weights, random_states, step_inputs
-from ssu.oracle import rel_error, step_math64
+from ssu.state import quant
+from ssu.contract.dtypes import QMAX
+from ssu.checking.inputs import layer_weights, random_states, step_inputs
+from ssu.checking.oracle import rel_error, step_math64
 
 from fakes import good_backend, small_problem
 
@@ -34,7 +34,7 @@ QUANTIZED = ("int8", "fp8_e4m3")
 def test_a_row_is_kept_within_half_a_step_of_its_own_scale(dtype, rows, n, magnitude, seed):
     values = torch.randn(rows, n, generator=torch.Generator().manual_seed(seed)) * magnitude
     q, scale = quant.quantize(values, dtype)
-    assert q.dtype == ssu.dtypes.to_torch(dtype) and scale.dtype == torch.float32 and scale.shape == (rows,)
+    assert q.dtype == ssu.contract.dtypes.to_torch(dtype) and scale.dtype == torch.float32 and scale.shape == (rows,)
     assert torch.allclose(scale, values.abs().amax(-1) / QMAX[dtype])
     error = (quant.dequantize(q, scale) - values).abs()
     if dtype == "int8":
@@ -104,7 +104,7 @@ def test_an_adopted_cache_and_its_scales_are_stepped_in_place(dtype):
     states, _ = step_math64(p, quant.dequantize(cache[slots.long()], scales[slots.long()]).double(), inputs)
     kernel.step(state, **inputs.kwargs())
     got = quant.dequantize(cache[slots.long()], scales[slots.long()])
-    assert rel_error(got, states[:, -1]) < ssu.oracle.tolerances(p)[1]
+    assert rel_error(got, states[:, -1]) < ssu.checking.oracle.tolerances(p)[1]
     others = torch.tensor([0, 2, 3, 5])
     assert torch.equal(cache[others], before_cache[others]) and torch.equal(scales[others], before_scales[others])
     assert not torch.equal(scales[slots.long()], before_scales[slots.long()])
@@ -175,7 +175,7 @@ def test_ssu_run_shows_the_error_of_an_int8_state(capsys):
 
 def test_a_decode_report_is_wrong_when_a_value_strays_from_its_rounding():
     """``ssu run``'s verdict holds 8-bit values to their rows' rounding, not only to the budget."""
-    from ssu.decode import DecodeReport
+    from ssu.cli.decode import DecodeReport
 
     p = small_problem(state_dtype="int8")
     report = DecodeReport("x", p, 1, 1, 1, 0, seconds=1.0, checked_layer_steps=1, out_tolerance=1, state_tolerance=1)
@@ -225,7 +225,7 @@ def test_ssu_compare_with_an_8_bit_cache_reports_token_agreement(capsys):
 def test_a_written_row_is_within_the_rounding_bound_and_truncation_is_not(dtype):
     """The kit's per-value bound (oracle.rounding_bound) holds for the rule's own rounding of rows
     that span many magnitudes; int8 rounded toward zero, or with one scale for a head, breaks it."""
-    from ssu.oracle import rounding_bound
+    from ssu.checking.oracle import rounding_bound
 
     gen = torch.Generator().manual_seed(5)
     exact = torch.randn(3, 4, 16, 32, generator=gen, dtype=torch.float64)
@@ -245,7 +245,7 @@ def test_a_speculative_bound_covers_the_state_rounded_before_the_step(dtype):
     (a checkpoint-and-ring backend): that error is measured against the larger of the two states'
     magnitudes (oracle.rounding_bound's ``start``). A row that shrank past its old scale breaks the
     narrower bound of the new state alone; a scale that never shrinks breaks both."""
-    from ssu.oracle import rounding_bound
+    from ssu.checking.oracle import rounding_bound
 
     gen = torch.Generator().manual_seed(6)
     before = torch.randn(3, 4, 16, 32, generator=gen, dtype=torch.float64)

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu import oracle
-from ssu.dtypes import to_torch
-from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
+from ssu.checking import oracle
+from ssu.contract.dtypes import to_torch
+from ssu.checking.inputs import layer_weights, pick_slots, random_states, step_inputs
 
 from fakes import small_problem
 

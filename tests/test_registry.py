@@ -8,8 +8,8 @@ import sys
 import pytest
 
 import ssu
-from ssu import slot_state
-from ssu.registry import Registry
+from ssu.state import slot_state
+from ssu.plugins.registry import Registry
 
 from fakes import good_backend
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ssu
-from ssu.resolve import explain
+from ssu.plugins.resolve import explain
 
 from fakes import good_backend, small_problem
 
@@ -13,7 +13,7 @@ OPTIONS_BACKEND = (
     good_backend("tuned")
     + """
 import attrs
-from ssu.options import choice
+from ssu.contract.options import choice
 
 @attrs.frozen
 class TunedOptions:

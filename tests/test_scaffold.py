@@ -12,7 +12,7 @@ import pytest
 
 import ssu
 from ssu.cli.main import main
-from ssu.scaffold import write_backend
+from ssu.cli.scaffold import write_backend
 
 
 @pytest.mark.parametrize(

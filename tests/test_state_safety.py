@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import ssu
-from ssu import faults
-from ssu.harness import logical_states, prepared
-from ssu.inputs import pick_slots, step_inputs
-from ssu.registry import Registry
+from ssu.state import faults
+from ssu.checking.harness import logical_states, prepared
+from ssu.checking.inputs import pick_slots, step_inputs
+from ssu.plugins.registry import Registry
 
 from fakes import small_problem
 
@@ -123,7 +123,7 @@ def test_every_first_call_check_holds_on_later_signatures(gen):
 
 def test_the_python_signature_key_agrees(gen, monkeypatch):
     """Where torch has no C++ tensor guards the signatures are Python keys: the same refusals."""
-    from ssu import signatures
+    from ssu.runtime import signatures
 
     monkeypatch.setattr(signatures, "tensor_guards", lambda: None)
     test_every_first_call_check_holds_on_later_signatures(gen)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ssu
 from ssu.bench import measure, report
-from ssu.dtypes import ITEMSIZE
+from ssu.contract.dtypes import ITEMSIZE
 
 from fakes import small_problem
 
@@ -18,12 +18,12 @@ from fakes import small_problem
 def test_write_through_counts_one_read_and_a_write_per_token():
     p = small_problem(state_dtype="bf16", input_dtype="fp16", tokens_per_step=3, speculative=True)
     slot = 4 * 8 * 16 * 2
-    parts = ssu.traffic.write_through(p, 5)
+    parts = ssu.measure.traffic.write_through(p, 5)
     assert parts["state read"] == 5 * slot and parts["state write"] == 5 * 3 * slot
     # x, z, out (H x P) and dt (H) and B, C (G x N), per token, in the input dtype
     assert parts["inputs and outputs"] == 5 * 3 * (3 * 4 * 8 + 4 + 2 * 2 * 16) * 2
-    assert ssu.traffic.io_bytes(p, 5, with_z=False) == 5 * 3 * (2 * 4 * 8 + 4 + 2 * 2 * 16) * 2
-    assert ssu.traffic.total(parts) == sum(parts.values())
+    assert ssu.measure.traffic.io_bytes(p, 5, with_z=False) == 5 * 3 * (2 * 4 * 8 + 4 + 2 * 2 * 16) * 2
+    assert ssu.measure.traffic.total(parts) == sum(parts.values())
 
 
 def simulate(window: int, tokens: int, accepted: int, folds_new: bool, steps: int = 2000) -> tuple:
@@ -52,7 +52,9 @@ def test_checkpoint_and_ring_matches_the_flush_rules(window, tokens, accepted):
     if not folds_new:
         window = max(window, tokens)  # a ring holds a whole step
     p = small_problem(tokens_per_step=tokens, speculative=tokens > 1)
-    parts = ssu.traffic.checkpoint_and_ring(p, 3, window=window, accepted=accepted, token_bytes=10, folds_new=folds_new)
+    parts = ssu.measure.traffic.checkpoint_and_ring(
+        p, 3, window=window, accepted=accepted, token_bytes=10, folds_new=folds_new
+    )
     writes, held, appended = simulate(window, tokens, accepted, folds_new)
     slot = p.state_bytes_per_slot()
     assert parts["checkpoint read"] == 3 * slot
@@ -65,7 +67,7 @@ def test_kernel_traffic_uses_the_hook_or_the_default():
     p = small_problem()
     kernel = ssu.open(ssu.Config(backend="reference"), p)
     parts = kernel.traffic(2)
-    assert parts == ssu.traffic.write_through(p, 2)
+    assert parts == ssu.measure.traffic.write_through(p, 2)
     with pytest.raises(ssu.InputError, match="outside 1..max_batch=4"):
         kernel.traffic(5)
 
@@ -78,7 +80,7 @@ def test_kernel_traffic_uses_the_hook_or_the_default():
     assert kernel.traffic(2, accepted=1.5) == {
         "checkpoint read": 200.0,
         "kept": 1.5,
-        "inputs and outputs": ssu.traffic.io_bytes(p, 2),
+        "inputs and outputs": ssu.measure.traffic.io_bytes(p, 2),
     }
 
     class Broken:
@@ -104,7 +106,7 @@ def _with(kernel, plugin):
     """The kernel's hooks with ``plugin``'s ssu_traffic in front (a backend that implements it)."""
     import pluggy
 
-    from ssu import hookspecs
+    from ssu.contract import hookspecs
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)

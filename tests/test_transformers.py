@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 import ssu  # noqa: E402
-from ssu import oracle  # noqa: E402
+from ssu.checking import oracle  # noqa: E402
 from ssu.integrations import hf_models  # noqa: E402
 from ssu.integrations import transformers as integration  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_greedy_tokens_and_states_equal_transformers_own(arch, monkeypatch):
     ids = prompt()
     own = hf_models.generate(model, ids, 5)
     counter, counting = ssu_calls(None)
-    monkeypatch.setattr(ssu.dropin, "after_cache_lanes", counting)
+    monkeypatch.setattr(ssu.dropin.cache, "after_cache_lanes", counting)
     with integration.patch(model, backend="reference") as patch:
         through = hf_models.generate(model, ids, 5)
     assert counter[0] == 4 * len(patch.mixers) and len(patch.mixers) >= 2  # 4 decode steps per mixer
@@ -130,7 +130,7 @@ def test_triton_in_the_interpreter():
     own = hf_models.generate(model, ids, 3)
     with integration.patch(model, backend="triton"):
         through = hf_models.generate(model, ids, 3)
-    assert ssu.dropin._kernels and {k.backend for k in ssu.dropin._kernels.values()} == {"triton"}
+    assert ssu.dropin.cache._kernels and {k.backend for k in ssu.dropin.cache._kernels.values()} == {"triton"}
     assert_same(own, through)
 
 
@@ -139,7 +139,7 @@ def test_only_the_patched_model_is_routed_and_undo_restores(monkeypatch):
     module = sys.modules[type(integration.find_mixers(patched)[0][1]).__module__]
     original = getattr(module, integration.FUNCTION)
     counter, counting = ssu_calls(None)
-    monkeypatch.setattr(ssu.dropin, "after_cache_lanes", counting)
+    monkeypatch.setattr(ssu.dropin.cache, "after_cache_lanes", counting)
     patch = integration.patch(patched, backend="reference")
     assert getattr(module, integration.FUNCTION) is not original and integration.patched(patched) is patch
     hf_models.generate(other, prompt(), 3)

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("transformers")
 
 import ssu  # noqa: E402
-from ssu import oracle  # noqa: E402
+from ssu.checking import oracle  # noqa: E402
 from ssu.integrations import hf_models  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +28,7 @@ def test_generation_through_a_gpu_backend(backend, dtype, arch):
     model = hf_models.random_model(arch, "tiny", 2, dtype=torch_dtype, device="cuda", shapes=SHAPES)
     ids = torch.randint(0, 1024, (4, 8), generator=torch.Generator().manual_seed(0)).cuda()
     result = hf_models.compare(model, ids, 12, config=ssu.Config(backend=backend))
-    assert {k.backend for k in ssu.dropin._kernels.values()} == {backend}
+    assert {k.backend for k in ssu.dropin.cache._kernels.values()} == {backend}
     if dtype == "fp32":
         assert torch.equal(result.reference.sequences, result.through_ssu.sequences)
         for a, b in zip(result.reference.recurrent_states(), result.through_ssu.recurrent_states()):

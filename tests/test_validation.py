@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import ssu
-from ssu import validation
-from ssu.inputs import pick_slots, random_states, step_inputs
+from ssu.runtime import validation
+from ssu.checking.inputs import pick_slots, random_states, step_inputs
 
 from fakes import small_problem
 

@@ -13,9 +13,8 @@ backends imports no GPU library (and not even torch).
 
 from __future__ import annotations
 
-from .config import Config, load_config
-from .dropin import selective_state_update
-from .errors import (
+from . import _moved
+from .contract.errors import (
     BackendBrokenError,
     BackendDisabledError,
     BackendError,
@@ -29,12 +28,12 @@ from .errors import (
     SSUWarning,
     UnknownBackendError,
 )
-from .hookspecs import hookimpl
-from .kernel import Kernel, open_kernel
-from .problem import Problem
-from .records import (
+from .contract.hookspecs import hookimpl
+from .contract.problem import Problem
+from .contract.records import (
     ACCEPT,
     AVAILABLE,
+    CORE_VERSION,
     PLUGIN_API_VERSION,
     Availability,
     BackendInfo,
@@ -44,12 +43,17 @@ from .records import (
     State,
     Verdict,
 )
-from .registry import default_registry, list_backends
-from . import traffic
+from .measure import traffic
+from .plugins.config import Config, load_config
+from .plugins.registry import default_registry, list_backends
+from .runtime.kernel import Kernel, open_kernel
+from .dropin import selective_state_update
+
+_moved.install()  # the old module paths (ssu.records, ssu.slot_state, ...) import as before
 
 open = open_kernel  # noqa: A001 - ``ssu.open(config, problem)`` is the public spelling
 
-__version__ = "0.1.0"
+__version__ = CORE_VERSION
 
 __all__ = [
     "ACCEPT",
@@ -98,8 +102,16 @@ def register_backend(plugin) -> str:
 
 def explain(config: Config | None = None, problem: Problem | None = None) -> str:
     """Which backend would serve ``problem`` under ``config`` and why each other was rejected."""
-    from .resolve import explain as _explain
+    from .plugins.resolve import explain as _explain
 
     if problem is None:
         raise ConfigError("ssu.explain needs a Problem")
     return _explain(load_config() if config is None else config, problem, default_registry()).explain()
+
+
+def __getattr__(name: str):
+    """An old module name as an attribute (``ssu.errors`` after ``import ssu``; :mod:`ssu._moved`)."""
+    module = _moved.moved_attribute(name)
+    if module is None:
+        raise AttributeError(f"module 'ssu' has no attribute {name!r}")
+    return module

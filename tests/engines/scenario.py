@@ -26,7 +26,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # vLLM keeps the real Triton 
 
 import torch  # noqa: E402
 
-from ssu import oracle  # noqa: E402
+from ssu.checking import oracle  # noqa: E402
 
 H, P, N, G = 4, 8, 16, 2
 LOGS: list = []

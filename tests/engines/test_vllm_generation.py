@@ -95,7 +95,7 @@ def test_vllm_cpus_own_ssu_reads_a_speculative_table_as_flat():
     from vllm import _custom_ops
 
     import ssu
-    from ssu import oracle
+    from ssu.checking import oracle
 
     gen = torch.Generator().manual_seed(0)
     H, P, N = 2, 4, 8

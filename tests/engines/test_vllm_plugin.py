@@ -64,9 +64,9 @@ def test_vllm_calls_run_through_the_configured_backend(tmp_path, backend):
 def test_a_wrong_backend_name_stops_vllm_where_it_loads_its_plugins(tmp_path):
     result = run("vllm", tmp_path, SSU_BACKEND="refrence")
     assert result.returncode != 0 and "RESULT" not in result.stdout
-    assert "ssu.errors.UnknownBackendError: SSU_BACKEND: unknown backend 'refrence'" in result.stderr, result.stderr[
-        -3000:
-    ]
+    assert "ssu.contract.errors.UnknownBackendError: SSU_BACKEND: unknown backend 'refrence'" in result.stderr, (
+        result.stderr[-3000:]
+    )
 
 
 def test_replayssm_is_said_to_bypass_ssu(tmp_path):

@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 
 import ssu
-from ssu.dtypes import to_torch
-from ssu.registry import GROUP, Registry
+from ssu.contract.dtypes import to_torch
+from ssu.plugins.registry import GROUP, Registry
 
 #: two observations differ when a tensor differs by more than this, relative to its largest value:
 #: above every error budget of docs/spec.md for the fp32 problems the scenarios use, so a

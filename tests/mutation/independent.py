@@ -3,7 +3,7 @@
 It shares no code with ssu's own backends: not the reference math, not the versioned-slot
 layout, not the quantiser, not the oracle. It uses only the public records (``ssu.BackendSpec``,
 ``ssu.Capabilities``, ``ssu.State``, ``ssu.hookimpl``, ``ssu.PLUGIN_API_VERSION``) and the dtype
-names of :mod:`ssu.dtypes`. It serves the whole contract: one-token and speculative steps (T up to
+names of :mod:`ssu.contract.dtypes`. It serves the whole contract: one-token and speculative steps (T up to
 8) with commits, adopted engine caches, destination slots, any pad id, guarded ids with the fault
 record, expanded per-head parameters, fp32/bf16/fp16/int8/fp8_e4m3 states, and the engine call
 forms ``packed``, ``verify`` and ``tree``.
@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional
 import torch
 
 import ssu
-from ssu.dtypes import QMAX, to_torch
+from ssu.contract.dtypes import QMAX, to_torch
 
 #: the argument field of a fault key (docs/spec.md, "Pad rows, and ids that name no slot")
 SLOTS_ARGUMENT, DST_SLOTS_ARGUMENT, COUNT_ARGUMENT, ENGINE_ARGUMENT = 0, 1, 2, 3

@@ -30,7 +30,7 @@ from independent import (
     Deferred,
     Independent,
 )
-from ssu.dtypes import to_torch
+from ssu.contract.dtypes import to_torch
 
 
 def _kebab(name: str) -> str:

@@ -53,7 +53,7 @@ fails when a cell is never drawn, and this table is written from `ssu.conformanc
 def coverage_section() -> str:
     """The section of the page that lists what the kit draws (:func:`ssu.conformance.coverage.markdown`)."""
     from ssu.conformance import coverage
-    from ssu.registry import default_registry
+    from ssu.plugins.registry import default_registry
 
     caps = default_registry().load("reference").spec.capabilities
     return COVERAGE + coverage.markdown(caps)

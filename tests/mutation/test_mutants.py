@@ -31,8 +31,9 @@ from ssu.testing import assert_conformant
 BASE = Independent.NAME
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: ssu's own implementation, which the independent backend must not use
-FORBIDDEN = ("ssu.reference", "ssu.slot_state", "ssu.quant", "ssu.oracle", "ssu.slot_kernels", "ssu.harness",
-             "ssu.engine_harness", "ssu.faults", "ssu.conformance", "ssu.inputs")  # fmt: skip
+FORBIDDEN = ("ssu.reference", "ssu.state.slot_state", "ssu.state.quant", "ssu.checking.oracle",
+             "ssu.state.slot_kernels", "ssu.checking.harness", "ssu.checking.engine_harness", "ssu.state.faults",
+             "ssu.conformance", "ssu.checking.inputs")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +155,10 @@ _ONE_A_GROUP = list({m.RULE.split("/")[0]: m for m in MUTANTS}.values())
 def test_ssu_verify_fails_a_mutant_of_each_group_of_rules(mutant, monkeypatch, capsys):
     """The command line itself, at the profile docs/kit-rules.md lists the checks of, on a mutant
     of each group of rules: exit status 1, the failed checks marked, the broken rule named."""
-    import ssu.registry
+    import ssu.plugins.registry
     from ssu.cli.main import main
 
-    monkeypatch.setattr(ssu.registry, "default_registry", lambda *a, **k: demos.registry_with(mutant()))
+    monkeypatch.setattr(ssu.plugins.registry, "default_registry", lambda *a, **k: demos.registry_with(mutant()))
     checks = rules_table.read_table()[mutant.NAME][1][:1]
     assert main(["verify", "--backend", mutant.NAME, "--profile", "default", *[f"--check={c}" for c in checks]]) == 1
     out = capsys.readouterr().out

@@ -51,7 +51,7 @@ def advance_torch(
     recorded in ``record``."""
     import torch
 
-    from ssu import faults
+    from ssu.state import faults
 
     real = (slots >= 0) & (slots < num_slots) & (slots != pad_slot_id)
     counted = (accepted >= 1) & (accepted <= tokens)

@@ -21,9 +21,9 @@ from typing import Optional
 
 import attrs
 
-from ssu.dtypes import to_torch
-from ssu.errors import BackendError
-from ssu.records import State
+from ssu.contract.dtypes import to_torch
+from ssu.contract.errors import BackendError
+from ssu.contract.records import State
 
 
 @attrs.define(eq=False)

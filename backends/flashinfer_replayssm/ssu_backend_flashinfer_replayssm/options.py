@@ -8,8 +8,8 @@ from typing import Optional
 
 import attrs
 
-from ssu.errors import ConfigError
-from ssu.options import choice, in_range
+from ssu.contract.errors import ConfigError
+from ssu.contract.options import choice, in_range
 
 ALGORITHMS = ("auto", "monolith", "two-kernel")
 MAX_WINDOW = 16

@@ -102,7 +102,7 @@ def ssu_allocate_scratch(ctx):
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
     """Hook: advance each row's cursor by its accepted tokens and re-checkpoint rows whose ring is full."""
-    from ssu.errors import InputError
+    from ssu.contract.errors import InputError
 
     from .translate import commit
 
@@ -121,7 +121,7 @@ def ssu_traffic(ctx, batch, accepted):
     stay in the ring), and a ring token is x and B in bf16 and d in fp32."""
     p = ctx.problem
     token = 2 * (p.nheads * p.headdim + p.ngroups * p.dstate) + 4 * p.nheads
-    return ssu.traffic.checkpoint_and_ring(
+    return ssu.measure.traffic.checkpoint_and_ring(
         p, batch, window=ctx.options.max_window, accepted=accepted, token_bytes=token, folds_new=False
     )
 

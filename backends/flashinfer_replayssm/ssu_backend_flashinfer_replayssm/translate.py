@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ssu import faults
-from ssu.errors import InputError
+from ssu.state import faults
+from ssu.contract.errors import InputError
 from ssu_backend_flashinfer.rows import real_ids, record_outside, row_buffers
 from ssu_backend_flashinfer.translate import per_head, tie_hdim
 

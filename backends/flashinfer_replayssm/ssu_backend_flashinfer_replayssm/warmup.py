@@ -18,8 +18,8 @@ from contextlib import contextmanager
 import attrs
 import torch
 
-from ssu.dtypes import to_torch
-from ssu.inputs import step_inputs
+from ssu.contract.dtypes import to_torch
+from ssu.checking.inputs import step_inputs
 
 from . import layout
 from .translate import allocate_scratch, cs_arguments

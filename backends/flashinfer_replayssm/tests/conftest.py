@@ -24,7 +24,7 @@ def emulated(monkeypatch):
     import flashinfer.mamba
 
     import emulation
-    from ssu.registry import Registry
+    from ssu.plugins.registry import Registry
 
     monkeypatch.setattr(flashinfer.mamba, "checkpointing_ssu", emulation.checkpointing_ssu)
     registry = Registry()

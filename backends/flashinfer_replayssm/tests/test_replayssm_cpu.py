@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu import faults
+from ssu.state import faults
 from ssu.conformance import run_conformance
-from ssu.harness import compare_with_reference
-from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
-from ssu.options import build
+from ssu.checking.harness import compare_with_reference
+from ssu.checking.inputs import layer_weights, pick_slots, random_states, step_inputs
+from ssu.contract.options import build
 from ssu_backend_flashinfer_replayssm import cursors, layout, plugin, translate
 from ssu_backend_flashinfer_replayssm.options import ReplayOptions
 

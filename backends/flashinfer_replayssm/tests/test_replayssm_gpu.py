@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import ssu
-from ssu import conformance, oracle
-from ssu.harness import compare_with_reference
-from ssu.inputs import layer_weights, pick_slots, random_states, step_inputs
+from ssu import conformance
+from ssu.checking import oracle
+from ssu.checking.harness import compare_with_reference
+from ssu.checking.inputs import layer_weights, pick_slots, random_states, step_inputs
 
 pytestmark = pytest.mark.gpu
 NAME = "flashinfer-replayssm"

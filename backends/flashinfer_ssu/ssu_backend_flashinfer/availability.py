@@ -55,7 +55,7 @@ def flashinfer_availability(device: str) -> ssu.Availability:
             "use device='cuda'; on the CPU the reference backend serves (the triton backends only in "
             "Triton's interpreter, TRITON_INTERPRET=1, for tests)",
         )
-    from ssu.devices import torch_device_availability
+    from ssu.contract.devices import torch_device_availability
 
     availability = torch_device_availability(device)
     if not availability.available:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ssu.errors import InputError
+from ssu.contract.errors import InputError
 
 from .engine_rows import copy_last_states, packed_rows, verify_rows
 from .rows import layer_rows

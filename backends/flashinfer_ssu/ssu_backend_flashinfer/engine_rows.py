@@ -10,7 +10,7 @@ ascending within the call's tokens, or more than W tokens) are recorded and repl
 by 0: FlashInfer then writes nothing of the call (its kernel does not check a sequence's length
 against the table width). ``verify_rows``: for SGLang's call, -1 for a pad row, an id outside the
 cache, or a real row whose buffer row lies outside the buffer (FlashInfer would write through
-any). Every refused value is recorded in the kernel's fault record (ssu.faults, kind 3).
+any). Every refused value is recorded in the kernel's fault record (ssu.state.faults, kind 3).
 
 The copy kernel writes the state after a verify call's last token from FlashInfer's buffer into
 the cache, which FlashInfer's SM90 kernel leaves alone whenever a buffer is given.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# ssu.faults: engine_row's fields, kind 3, the argument codes (constexpr: a compiled kernel reads
+# ssu.state.faults: engine_row's fields, kind 3, the argument codes (constexpr: a compiled kernel reads
 # no other module global)
 E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_BUFFER_ROWS, E_ROW_SLOTS = map(tl.constexpr, (0, 1, 2, 3, 5, 6))
 

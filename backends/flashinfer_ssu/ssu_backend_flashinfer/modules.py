@@ -11,10 +11,11 @@ from typing import Optional
 
 import torch
 
-from ssu import faults, slot_state
-from ssu.dtypes import to_torch
+from ssu.state import faults, slot_state
+from ssu.contract.dtypes import to_torch
 
-from .translate import allocate_scratch, make_step
+from .scratch import allocate_scratch
+from .translate import make_step
 
 
 def module_is_cached(problem, options, index_dtype: str) -> Optional[bool]:
@@ -57,8 +58,8 @@ def warm_module(ctx, index_dtype: str) -> tuple:
     a readable name of the module)."""
     import attrs
 
-    from ssu.inputs import step_inputs
-    from ssu.records import Context
+    from ssu.checking.inputs import step_inputs
+    from ssu.contract.records import Context
 
     p = ctx.problem
     name = (
@@ -87,8 +88,8 @@ def warm_engine_calls(ctx) -> list:
     ``warmup_index_dtypes``. Returns a readable name of each."""
     import attrs
 
-    from ssu import engine_harness
-    from ssu.records import Context
+    from ssu.checking import engine_harness
+    from ssu.contract.records import Context
 
     from .engine_forms import make_packed, make_verify
 

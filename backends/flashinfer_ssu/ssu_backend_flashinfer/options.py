@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from ssu.errors import ConfigError
-from ssu.options import choice, in_range
+from ssu.contract.errors import ConfigError
+from ssu.contract.options import choice, in_range
 
 ALGORITHMS = ("auto", "simple", "vertical", "horizontal")
 

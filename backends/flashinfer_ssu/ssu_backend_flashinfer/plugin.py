@@ -1,6 +1,6 @@
 """Hooks of the ``flashinfer`` backend. Importing this module imports neither torch nor flashinfer.
 
-State layout: the versioned slots of :mod:`ssu.slot_state` (shared with the reference and triton
+State layout: the versioned slots of :mod:`ssu.state.slot_state` (shared with the reference and triton
 backends), allocated or adopted from an engine. Without speculation each slot has one version and
 FlashInfer updates it in place (or writes ``dst_slots``). With speculation (T tokens) an allocated
 state keeps T + 1 versions per slot, seen by FlashInfer as ``(num_slots + 1) * (T + 1)`` cache
@@ -19,7 +19,7 @@ import sys
 import time
 
 import ssu
-from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
+from ssu.state.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
 
 from .availability import compute_capability, flashinfer_availability
 from .options import FlashInferOptions
@@ -166,7 +166,7 @@ def ssu_engine_call(ctx, form):
 def ssu_allocate_scratch(ctx):
     """Index buffers of the speculative path (read rows, destination rows per token), zero
     D vectors for calls without D, and the stochastic-rounding seed: all before any capture."""
-    from .translate import allocate_scratch
+    from .scratch import allocate_scratch
 
     return allocate_scratch(ctx.problem, ctx.options)
 

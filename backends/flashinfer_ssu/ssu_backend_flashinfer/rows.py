@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from ssu import faults, slot_state
-from ssu.slot_state import versions
+from ssu.state import faults, slot_state
+from ssu.state.slot_state import versions
 
 
 def row_buffers(problem, dtype, dev) -> dict:

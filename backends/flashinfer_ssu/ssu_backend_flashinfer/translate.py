@@ -18,12 +18,11 @@ import weakref
 
 import torch
 
-from ssu import slot_state
-from ssu.dtypes import to_torch
-from ssu.errors import InputError
-from ssu.slot_state import versions
+from ssu.state import slot_state
+from ssu.contract.errors import InputError
+from ssu.state.slot_state import versions
 
-from .rows import flashinfer_pad, guarded_rows, layer_rows, row_buffers
+from .rows import flashinfer_pad, guarded_rows, layer_rows
 
 
 def tie_hdim(problem, dt, A, D, dt_bias, x) -> dict:
@@ -93,29 +92,6 @@ def fi_arguments(
     if seed is not None:
         kwargs.update(rand_seed=seed, philox_rounds=options.philox_rounds)
     return kwargs
-
-
-def allocate_scratch(problem, options) -> dict:
-    """Buffers allocated once per kernel, before any CUDA-graph capture."""
-    p = problem
-    dev = p.device
-    from . import rows_triton
-
-    scratch = {
-        "zero_D": {
-            dtype: torch.zeros(p.nheads, dtype=dtype, device=dev) for dtype in {torch.float32, to_torch(p.input_dtype)}
-        },
-        "rows_for": None,
-        "triton_rows": rows_triton.usable(p.device_type),
-        "rows": {dtype: row_buffers(p, dtype, dev) for dtype in (torch.int32, torch.int64)},
-    }
-    if options.stochastic_rounding:
-        scratch["seed"] = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(dev)
-    if p.engine_calls:
-        from .engine_forms import engine_scratch
-
-        scratch["engine"] = engine_scratch(p)
-    return scratch
 
 
 class WeightCache:
@@ -200,10 +176,10 @@ def make_step(ctx):
 
 def commit(ctx, state, slots, num_accepted) -> None:
     """The cursor move of an allocated state, or the draft copy of an adopted one: Triton launches
-    where Triton runs (:mod:`ssu.slot_kernels`), torch ops otherwise (:mod:`ssu.slot_state`)."""
+    where Triton runs (:mod:`ssu.state.slot_kernels`), torch ops otherwise (:mod:`ssu.state.slot_state`)."""
     p = ctx.problem
     if ctx.scratch["triton_rows"]:
-        from ssu import slot_kernels
+        from ssu.state import slot_kernels
 
         if slot_state.uses_cursor(state):
             slot_kernels.commit(

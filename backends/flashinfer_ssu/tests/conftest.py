@@ -25,7 +25,7 @@ def emulated(monkeypatch):
     import flashinfer.mamba
 
     import fi_emulation
-    from ssu.registry import Registry
+    from ssu.plugins.registry import Registry
 
     monkeypatch.setattr(flashinfer.mamba, "selective_state_update", fi_emulation.selective_state_update)
     registry = Registry()

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 import ssu
-from ssu import faults, slot_state
-from ssu.inputs import pick_slots, step_inputs
+from ssu.state import faults, slot_state
+from ssu.checking.inputs import pick_slots, step_inputs
 from ssu_backend_flashinfer import availability, plugin, translate
+from ssu_backend_flashinfer.scratch import allocate_scratch
 from ssu_backend_flashinfer import rows as rows_mod
 from ssu_backend_flashinfer.options import FlashInferOptions
-from ssu.options import build
+from ssu.contract.options import build
 
 
 def problem(**fields):
@@ -144,7 +145,7 @@ def test_arguments_match_the_real_signature_and_stride_rules(tokens, with_option
         state = slot_state.adopt(p, (torch.zeros(p.num_slots, p.nheads, p.headdim, p.dstate),), "flashinfer")
     else:
         state = slot_state.allocate(p, 1, "flashinfer")
-    scratch = translate.allocate_scratch(p, options)
+    scratch = allocate_scratch(p, options)
     dst_slots = None if spec else slots.flip(0)
     rows = rows_mod.guarded_rows(scratch, p, state, slots, dst_slots, faults.allocate("cpu"))
     target = rows_mod.layer_rows(state)[0]
@@ -196,7 +197,7 @@ def test_versioned_rows_and_their_reuse(triton_rows, gen):
     """The rows of a speculative step, by one Triton launch (in its interpreter here) or torch ops."""
     p = problem(tokens_per_step=3, speculative=True)
     state = slot_state.allocate(p, 1, "flashinfer")
-    scratch = translate.allocate_scratch(p, FlashInferOptions())
+    scratch = allocate_scratch(p, FlashInferOptions())
     scratch["triton_rows"] = triton_rows
     cursor = state.buffers["cursor"]
     cursor[4], cursor[7] = 2, 3
@@ -219,7 +220,7 @@ def test_destination_rows_and_sinks(triton_rows, gen):
     """A destination that is the pad id (or outside the cache) sends the write to the sink row of
     an allocated state, or to the pad slot of an adopted cache; a pad row writes nowhere."""
     p = problem()
-    scratch = translate.allocate_scratch(p, FlashInferOptions())
+    scratch = allocate_scratch(p, FlashInferOptions())
     scratch["triton_rows"] = triton_rows
     record = faults.allocate("cpu")
     slots = torch.tensor([1, 2, -1, 3], dtype=torch.int32)
@@ -229,7 +230,7 @@ def test_destination_rows_and_sinks(triton_rows, gen):
     assert rows.read.tolist() == [1, 2, -1, 3] and rows.dst.tolist() == [5, 10, 10, 10]
     assert faults.decode(int(record)) == (3, faults.DST_SLOTS, 40)
     p0 = problem(pad_slot_id=0)
-    scratch = translate.allocate_scratch(p0, FlashInferOptions())
+    scratch = allocate_scratch(p0, FlashInferOptions())
     scratch["triton_rows"] = triton_rows
     adopted = slot_state.adopt(p0, (torch.zeros(10, 8, 64, 16),), "flashinfer")
     rows = rows_mod.guarded_rows(scratch, p0, adopted, slots.where(slots != -1, 0), dst.where(dst != -1, 0), record)
@@ -251,7 +252,7 @@ def test_weights_converted_once_per_tensor():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from ssu.harness import compare_with_reference  # noqa: E402
+from ssu.checking.harness import compare_with_reference  # noqa: E402
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

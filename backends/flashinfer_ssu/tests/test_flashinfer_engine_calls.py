@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import ssu
-from ssu import engine_harness, faults
-from ssu.harness import engine_cache, prepared
+from ssu.checking import engine_harness
+from ssu.state import faults
+from ssu.checking.harness import engine_cache, prepared
 
 from ssu_backend_flashinfer import plugin
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import ssu
 from ssu.conformance import run_on
-from ssu.harness import compare_with_reference, stochastic_rounding_bias
+from ssu.checking.harness import compare_with_reference, stochastic_rounding_bias
 
 pytestmark = pytest.mark.gpu
 
@@ -190,8 +190,8 @@ def test_engine_call_forms_at_the_model_shape(state_dtype, gen):
     """vLLM's packed call (4 tokens, mixed lengths, pad cells, a padded request, null block 0) and
     SGLang's verify call (buffer in the cache's dtype, the last state written from it) on an
     adopted strided cache, against the float64 oracle; then each in a CUDA graph."""
-    from ssu import engine_harness
-    from ssu.harness import engine_cache
+    from ssu.checking import engine_harness
+    from ssu.checking.harness import engine_cache
 
     p = cuda_problem(
         "8b-fp32", state_dtype=state_dtype, tokens_per_step=4, speculative=False, num_slots=160, max_batch=16,

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from ssu.slot_state import LayerViews
+from ssu.state.slot_state import LayerViews
 
 from .launch import StepConstants, launch
 from .tuning import Schedule

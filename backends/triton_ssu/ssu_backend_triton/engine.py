@@ -12,7 +12,7 @@ import time
 import torch
 import triton
 
-from ssu.slot_state import LayerViews, versions
+from ssu.state.slot_state import LayerViews, versions
 
 from . import tuning
 from .custom_op import step_op  # noqa: F401  (registers torch.ops.ssu_triton.step)
@@ -319,7 +319,7 @@ class Launcher:
         """Compile every configuration in the table for int32 and int64 slots (on scratch), with
         destination slots (one-token problems) and in an adopted cache's layout (speculative ones),
         so that CUDA-graph capture afterwards compiles nothing."""
-        from ssu.inputs import step_inputs
+        from ssu.checking.inputs import step_inputs
 
         p = self.problem
         gen = torch.Generator().manual_seed(0)
@@ -341,6 +341,6 @@ class Launcher:
             torch.cuda.synchronize()
 
     def _state_dtype(self):
-        from ssu.dtypes import to_torch
+        from ssu.contract.dtypes import to_torch
 
         return to_torch(self.problem.state_dtype)

@@ -13,7 +13,7 @@ call leaves the cache untouched.
 Both guard what they read: an id that names neither a slot nor the pad id, an accepted count
 outside 0..W, offsets that leave the call's tokens or exceed the tables' width, a parent at or
 after its token, a buffer row outside the buffer; each is served as the spec says and recorded in
-the kernel's fault record by the first program of its sequence (``ssu.faults``, kind 3). States
+the kernel's fault record by the first program of its sequence (``ssu.state.faults``, kind 3). States
 are read from and written to one (slots, versions, H, P, N) view (the logical state, in place);
 an allocated speculative state's version of each slot comes from its cursor.
 """
@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .tiles import int8_to_float, quantized_rows, rounded_state, softplus_dt
 
-# the argument codes of an engine call's fault key (ssu.faults: engine_row, ENGINE, E_*), as
+# the argument codes of an engine call's fault key (ssu.state.faults: engine_row, ENGINE, E_*), as
 # constexpr: a compiled kernel reads no other module global
 E_SLOTS, E_DST_SLOTS, E_NUM_ACCEPTED, E_CU_SEQLENS, E_PARENTS, E_BUFFER_ROWS, E_ROW_SLOTS = map(tl.constexpr, range(7))
 

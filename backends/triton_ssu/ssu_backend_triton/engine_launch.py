@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from ssu.slot_state import uses_cursor
+from ssu.state.slot_state import uses_cursor
 
 from .engine_kernel import packed_kernel, verify_kernel
 from .launch import cdiv, kernel_call, next_power_of_2, quant_code

@@ -3,13 +3,13 @@
 A program updates ``TILES`` tiles of ``BLOCK_P x N`` values of one head of one sequence: it reads
 each tile of the slot's current state once, applies the step's T tokens in fp32 registers, writes
 each token's state once and writes the outputs. States are read from one (slots, versions, H, P,
-N) view and written to another (:class:`ssu.slot_state.LayerViews`): the same tensor for a state
+N) view and written to another (:class:`ssu.state.slot_state.LayerViews`): the same tensor for a state
 the backend allocated (version ``(c + 1 + t) % K`` when speculative, in place otherwise), an
 engine's adopted cache, or, for a speculative step on an adopted cache, draft ``t`` beside it.
 Rows read from ``slots`` and write to ``dst_slots`` (the same slots when absent). A row whose slot
 is the pad id, or lies outside the cache, reads a zero state and writes none; one whose destination
 is either writes none; ids outside the cache are recorded in the kernel's fault record
-(:mod:`ssu.faults`) by one program of the row. Two shapes, chosen per batch by
+(:mod:`ssu.state.faults`) by one program of the row. Two shapes, chosen per batch by
 tuning: ``TILES = 1``, one program per tile, grid (P blocks, heads, batch), neighbouring programs
 on neighbouring memory; ``TILES > 1``, a program loops over its tiles while Triton's pipeliner
 copies the next ``STAGES - 1`` tiles into shared memory (cp.async): more bytes in flight per
@@ -19,7 +19,7 @@ loads in fp32-sized register budgets and the per-program work is paid per 2 KB.
 
 An 8-bit cache (``QUANT`` 1 for int8, 2 for fp8 e4m3, 3 and 4 for them in Triton's interpreter) is
 read with each row's fp32 scale and written with a fresh one: the row's largest magnitude over 127
-or 448, its values rounded to nearest, ties to even (``ssu.quant`` states the same rule). An 8-bit
+or 448, its values rounded to nearest, ties to even (``ssu.state.quant`` states the same rule). An 8-bit
 step has a quarter of an fp32 step's bytes to move, so its arithmetic must stay lean: no value
 goes through a conversion instruction or a division (``tiles.quantized_rows``).
 The scales have their own pointers and slot, version and head strides;

@@ -7,7 +7,7 @@ import functools
 from typing import NamedTuple
 
 
-from ssu.slot_kernels import pdl_capable
+from ssu.state.slot_kernels import pdl_capable
 
 from . import fast_launch
 from .kernel import ssu_kernel
@@ -93,7 +93,7 @@ def arguments(
 ):
     """The launch of one step of one layer as ``(grid, args, kwargs)`` of ``ssu_kernel[grid](*args,
     **kwargs)``: states read from ``read`` and written to ``write``, both (slots, versions, H, P, N)
-    views (:class:`ssu.slot_state.LayerViews`); ``schedule`` a
+    views (:class:`ssu.state.slot_state.LayerViews`); ``schedule`` a
     :class:`~ssu_backend_triton.tuning.Schedule`: ``block_p`` rows per tile, ``num_warps``,
     ``tiles`` per program and the ``stages`` of its pipelined loop (see the module docstring),
     ``maxnreg`` a cap on registers per thread (0: the compiler's choice; it sets how many

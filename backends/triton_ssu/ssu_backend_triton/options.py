@@ -6,8 +6,8 @@ from typing import Literal, Optional, Union
 
 import attrs
 
-from ssu.errors import ConfigError
-from ssu.options import choice, in_range
+from ssu.contract.errors import ConfigError
+from ssu.contract.options import choice, in_range
 
 BLOCK_P_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)

@@ -6,8 +6,8 @@ import importlib.util
 import sys
 
 import ssu
-from ssu import slot_state
-from ssu.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
+from ssu.state import slot_state
+from ssu.state.slot_state import ssu_adopt_state, ssu_allocate_state, ssu_read_state, ssu_write_state  # noqa: F401
 
 from .interpreter import interpreting
 from .options import TritonOptions
@@ -65,7 +65,7 @@ def ssu_probe(device):
             "on the CPU Triton runs only in its interpreter",
             "set TRITON_INTERPRET=1 (slow; meant for tests) or use device='cuda'",
         )
-    from ssu.devices import torch_device_availability
+    from ssu.contract.devices import torch_device_availability
 
     availability = torch_device_availability(device)
     if not availability.available:
@@ -109,10 +109,10 @@ def ssu_allocate_scratch(ctx):
 
 @ssu.hookimpl
 def ssu_commit(ctx, state, slots, num_accepted):
-    """An allocated state: the cursor move of :mod:`ssu.slot_state` as one Triton launch (no state
+    """An allocated state: the cursor move of :mod:`ssu.state.slot_state` as one Triton launch (no state
     is copied), with programmatic dependent launch unless the options turn it off. An adopted
     cache: the accepted drafts copied into the engine's tensors, a launch per layer."""
-    from ssu.slot_kernels import commit, copy_drafts
+    from ssu.state.slot_kernels import commit, copy_drafts
 
     p = ctx.problem
     if slot_state.uses_cursor(state):

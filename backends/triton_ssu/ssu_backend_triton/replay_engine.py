@@ -300,8 +300,8 @@ class ReplayLauncher:
     def time_plans(self, bucket: int, plans: list, log: Callable) -> Optional[tuple]:
         """(fastest plan, its microseconds) over ``plans`` for one bucket, timed with CUDA-graph
         replays on a scratch state whose slots sit at random points of their windows."""
-        from ssu.inputs import accepted_counts, step_inputs
-        from ssu.timing import graph_time_us
+        from ssu.checking.inputs import accepted_counts, step_inputs
+        from ssu.measure.timing import graph_time_us
 
         from . import replay_layout
 
@@ -386,7 +386,7 @@ class ReplayLauncher:
 
     def compile_plans(self) -> None:
         """Compile every plan of the table (:meth:`compile_all`)."""
-        from ssu.inputs import step_inputs
+        from ssu.checking.inputs import step_inputs
 
         from . import replay_layout
 

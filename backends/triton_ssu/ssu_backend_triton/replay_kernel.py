@@ -17,7 +17,7 @@ position's B row. The checkpoint is rewritten only when the ring would overflow 
 ``window`` (the flush policy of its batch bucket): then the folded tokens are applied to the tile
 one by one, in fp32, as the write-every-step kernel does, and the result rounded to the cache
 dtype once. An 8-bit checkpoint (``QUANT``) is read as its values times each row's scale and
-written with fresh row scales (``ssu.quant``'s rule), wherever a kernel here writes one.
+written with fresh row scales (``ssu.state.quant``'s rule), wherever a kernel here writes one.
 
 Flush rules (``window`` W, ``count`` k):
 
@@ -62,7 +62,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ssu.slot_kernels import _commit_rows
+from ssu.state.slot_kernels import _commit_rows
 
 from .replay_tiles import ring_tiles, stepwise_tiles, token_scalars, write_through_tiles
 from .tiles import row_slots, softplus_dt

@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ssu.slot_kernels import pdl_capable
+from ssu.state.slot_kernels import pdl_capable
 
 from .launch import _strides, cdiv, kernel_call, next_power_of_2, quant_code
 from .replay_fold import fold_kernel

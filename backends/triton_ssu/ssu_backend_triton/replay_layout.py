@@ -6,7 +6,7 @@ Buffers of a :class:`ssu.State` (Ly layers, S slots, L = max_window + T ring row
 
 ``ssm``      (Ly, S, H, P, N) checkpoints in the cache dtype (an allocated state; an adopted one has
              the engine's tensors in ``State.cache`` instead)
-``scale``    (Ly, S, H, P) fp32, 8-bit checkpoints only: each row's scale (:mod:`ssu.quant`), rewritten
+``scale``    (Ly, S, H, P) fp32, 8-bit checkpoints only: each row's scale (:mod:`ssu.state.quant`), rewritten
              with the row at every flush (an adopted cache's scales are the engine's own tensors)
 ``x_ring``   (Ly, S, H, L, P) inp: x of the tokens in the ring
 ``B_ring``   (Ly, S, G, L, N) inp: B of the tokens in the ring
@@ -33,10 +33,10 @@ from typing import NamedTuple
 
 import attrs
 
-from ssu import quant
-from ssu.dtypes import ITEMSIZE, dtype_name, to_torch
-from ssu.records import State
-from ssu.slot_state import LayerViews
+from ssu.state import quant
+from ssu.contract.dtypes import ITEMSIZE, dtype_name, to_torch
+from ssu.contract.records import State
+from ssu.state.slot_state import LayerViews
 
 #: slots replayed at once by :func:`sync` (bounds its temporary memory)
 SYNC_CHUNK = 64

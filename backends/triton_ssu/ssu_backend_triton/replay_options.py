@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 import attrs
 
-from ssu.options import choice, in_range
+from ssu.contract.options import choice, in_range
 
 #: the longest ring window (the ring has max_window + T rows, at most 32)
 MAX_WINDOW = 16

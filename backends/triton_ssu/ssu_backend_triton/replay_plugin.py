@@ -157,7 +157,7 @@ def ssu_traffic(ctx, batch, accepted):
 
     window = ctx.memo["launcher"].table[batch].window
     one_token = not ctx.problem.speculative  # a one-token flush folds the new token too
-    return ssu.traffic.checkpoint_and_ring(
+    return ssu.measure.traffic.checkpoint_and_ring(
         ctx.problem, batch, window=window, accepted=accepted, token_bytes=replay_layout.token_bytes(ctx.problem),
         folds_new=one_token,
     )  # fmt: skip

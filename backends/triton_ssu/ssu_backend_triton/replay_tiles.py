@@ -165,7 +165,7 @@ def store_checkpoint(
     STOCHASTIC: tl.constexpr, PHILOX_ROUNDS: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     """Store an fp32 checkpoint tile: rounded to the cache dtype (:func:`~.tiles.rounded_state`),
-    or for an 8-bit checkpoint quantised per row with a fresh scale (``ssu.quant``)."""
+    or for an 8-bit checkpoint quantised per row with a fresh scale (``ssu.state.quant``)."""
     if QUANT > 0:
         q, scale = quantized_rows(s, QUANT)
         tl.store(scale_base + offs_p, scale, mask=row_ok)

@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from ssu import signatures
+from ssu.runtime import signatures
 
 from . import compiled_lanes, fast_launch
 from .kernel import ssu_kernel

@@ -13,7 +13,7 @@ def row_slots(slots_ptr, dst_ptr, faults_ptr, row, recorder, pad_slot_id, num_sl
     """The slot row ``row`` reads and the one it writes (``dst_ptr``'s with ``HAS_DST``), and
     whether each names a slot of the cache: a pad row, or an id outside the cache, reads a zero
     state and writes none; one whose destination is either writes none. The ``recorder`` program
-    of the row records ids outside the cache in the fault record (:mod:`ssu.faults`).
+    of the row records ids outside the cache in the fault record (:mod:`ssu.state.faults`).
     Returns (slot, valid, dst, dst_valid)."""
     slot = tl.load(slots_ptr + row).to(tl.int64)
     valid = (slot >= 0) & (slot < num_slots) & (slot != pad_slot_id)
@@ -66,7 +66,7 @@ def rounded_state(
 
 @triton.jit
 def quantized_rows(s, QUANT: tl.constexpr):
-    """``(q, scale)`` of an fp32 state tile quantised per row (``ssu.quant``): ``scale`` the row's
+    """``(q, scale)`` of an fp32 state tile quantised per row (``ssu.state.quant``): ``scale`` the row's
     largest magnitude over QMAX (127 for int8, 448 for fp8 e4m3), ``q`` the row times QMAX over
     that magnitude (one approximate division a row, not an IEEE division a value), rounded to
     nearest, ties to even, in the cache dtype (``QUANT``: 1 int8, 2 fp8; 3 and 4 the same in

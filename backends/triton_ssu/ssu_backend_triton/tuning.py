@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-from ssu.dtypes import ITEMSIZE
-from ssu.files import locked, write_atomically
+from ssu.contract.dtypes import ITEMSIZE
+from ssu.measure.files import locked, write_atomically
 
 from .interpreter import interpreting
 
@@ -229,12 +229,12 @@ def tune_bucket(
     """
     import torch
 
-    from ssu.dtypes import to_torch
-    from ssu.inputs import step_inputs
-    from ssu.slot_state import versions
-    from ssu.timing import graph_time_us
+    from ssu.contract.dtypes import to_torch
+    from ssu.checking.inputs import step_inputs
+    from ssu.state.slot_state import versions
+    from ssu.measure.timing import graph_time_us
 
-    from ssu.slot_kernels import pdl_capable
+    from ssu.state.slot_kernels import pdl_capable
 
     p = problem
     K = versions(p)

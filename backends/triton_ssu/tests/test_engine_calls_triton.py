@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
-from ssu import engine_harness, faults
-from ssu.harness import engine_cache, engine_scales, prepared
+from ssu.checking import engine_harness
+from ssu.state import faults
+from ssu.checking.harness import engine_cache, engine_scales, prepared
 
 from triton_helpers import DEVICE, SHAPES, cuda_problem
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import ssu
 from ssu.conformance import run_on
-from ssu.harness import compare_with_reference
-from ssu.inputs import step_inputs
+from ssu.checking.harness import compare_with_reference
+from ssu.checking.inputs import step_inputs
 from ssu_backend_triton import replay_engine, replay_layout, replay_plans, tuning
 from ssu_backend_triton.replay_launch import Plan
 
@@ -148,8 +148,8 @@ def test_buckets_with_and_without_a_window_share_slots(gen):
     """Batches of 16 (a bucket with window 3) leave tokens in the rings; batches of 2 (window 0:
     the write-every-step path) fold them first, then take the short path with empty rings. The
     outputs and logical states follow the reference throughout."""
-    from ssu.inputs import random_states
-    from ssu.oracle import rel_error, tolerances
+    from ssu.checking.inputs import random_states
+    from ssu.checking.oracle import rel_error, tolerances
 
     p = problem(max_batch=16, num_slots=20)
     kernel = opened(p, max_window=3)
@@ -206,8 +206,8 @@ def test_rings_that_held_tokens_keep_the_replay_kernel(monkeypatch, gen):
     """A state stepped in a bucket with a window, then under a table that writes through
     everywhere: its rings may hold tokens, so this backend's kernel folds them (the reference
     agrees); a state that never held any takes the triton kernel."""
-    from ssu.inputs import random_states
-    from ssu.oracle import rel_error, tolerances
+    from ssu.checking.inputs import random_states
+    from ssu.checking.oracle import rel_error, tolerances
 
     seen = _replay_launches(monkeypatch)
     p = problem(max_batch=16, num_slots=20)
@@ -243,8 +243,8 @@ def test_sync_of_every_slot_returns_a_state_to_the_triton_kernel(monkeypatch, ge
     everywhere: a sync of some slots keeps this backend's kernel (other rings may hold tokens);
     a sync of every slot empties every ring, and the next step is the triton kernel's, in place on
     the engine's tensor, as the reference computes it."""
-    from ssu.inputs import random_states
-    from ssu.oracle import rel_error, tolerances
+    from ssu.checking.inputs import random_states
+    from ssu.checking.oracle import rel_error, tolerances
 
     seen = _replay_launches(monkeypatch)
     p = problem(max_batch=16, num_slots=20)
@@ -630,7 +630,7 @@ def test_every_timed_plan_starts_from_the_same_staggered_cursors(monkeypatch):
     """Warmup times each plan from the same random cursors, counts within the plan's window: a
     plan that flushes every step (window 0) empties every ring, and a plan timed after it would
     otherwise flush no row and look cheap."""
-    import ssu.timing
+    import ssu.measure.timing
 
     launcher = opened(problem(max_batch=2))._ctx.memo["launcher"]
     seen = []
@@ -645,7 +645,7 @@ def test_every_timed_plan_starts_from_the_same_staggered_cursors(monkeypatch):
         original(state, plan, *args, **kwargs)
 
     original = launcher.run_scratch
-    monkeypatch.setattr(ssu.timing, "graph_time_us", run_once)
+    monkeypatch.setattr(ssu.measure.timing, "graph_time_us", run_once)
     monkeypatch.setattr(tuning, "COLD_BYTES", 1)  # one slot set: one launch per plan
     monkeypatch.setattr(launcher, "run_scratch", recording)
     plans = [Plan(4, 1, 1, 0, 0, 0), Plan(4, 1, 1, 0, 3, 0), Plan(4, 1, 1, 0, 3, 0)]
@@ -660,7 +660,7 @@ def test_warmup_commits_realistic_acceptance(monkeypatch):
     """A speculative plan is timed with step and commit, the commit accepting what ``ssu bench``'s
     does (1 + a run of drafts kept with probability 0.7), not one token a step: a ring fills and
     flushes at the pace of the accepted tokens. Every plan sees the same counts."""
-    import ssu.timing
+    import ssu.measure.timing
 
     launcher = opened(problem(max_batch=16, num_slots=16, tokens_per_step=4, speculative=True))._ctx.memo["launcher"]
     seen = []
@@ -670,7 +670,7 @@ def test_warmup_commits_realistic_acceptance(monkeypatch):
             fn()
         return 1.0
 
-    monkeypatch.setattr(ssu.timing, "graph_time_us", run_once)
+    monkeypatch.setattr(ssu.measure.timing, "graph_time_us", run_once)
     monkeypatch.setattr(tuning, "COLD_BYTES", 1)  # one slot set: one launch per plan
     monkeypatch.setattr(replay_engine, "commit", lambda count, slots, accepted, *a, **k: seen.append(accepted.clone()))
     launcher.time_plans(16, [Plan(4, 1, 1, 0, 3, 0), Plan(4, 1, 1, 0, 0, 0)], log=lambda _: None)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import ssu
-from ssu import oracle
+from ssu.checking import oracle
 from ssu.conformance import run_on
-from ssu.harness import compare_with_reference, seeded_states, stochastic_rounding_bias
-from ssu.inputs import layer_weights, step_inputs
+from ssu.checking.harness import compare_with_reference, seeded_states, stochastic_rounding_bias
+from ssu.checking.inputs import layer_weights, step_inputs
 
 from triton_helpers import SHAPES, cuda_problem, run_twice
 

@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from ssu import signatures
+from ssu.runtime import signatures
 from ssu_backend_triton import fast_launch, launch, step_launches
 from ssu_backend_triton.launch import StepConstants, arguments, quant_code
 from ssu_backend_triton.step_launches import POINTERS, StepLaunches
@@ -223,7 +223,7 @@ def test_direct_declines(monkeypatch, why):
 
 
 def test_an_8_bit_cache_passes_its_row_scales_and_keys_their_layout(recorder):
-    from ssu.slot_state import LayerViews
+    from ssu.state.slot_state import LayerViews
 
     gen = torch.Generator().manual_seed(6)
     launches = StepLaunches(None, torch.zeros(1, dtype=torch.int64))

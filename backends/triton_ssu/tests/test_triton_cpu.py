@@ -119,7 +119,7 @@ def test_speculative_decode_with_commits(gen):
 
 
 def test_commit_copies_no_state(gen):
-    from ssu.inputs import step_inputs
+    from ssu.checking.inputs import step_inputs
 
     p = problem(tokens_per_step=3, speculative=True)
     kernel = ssu.open(ssu.Config(backend="triton"), p)
@@ -272,7 +272,7 @@ def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
     """``tune_bucket`` times every candidate, then its winner the other way of loading the
     inputs (when asked) and keeps whichever is faster; no PDL trial where launches ignore PDL
     (the CPU). Timing is faked: this checks the tuner's choices, not the kernel."""
-    import ssu.timing
+    import ssu.measure.timing
 
     timed = []
 
@@ -281,7 +281,7 @@ def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
         config = timed[-1]
         return 10.0 + config.block_p + (-1.0 if branchless_faster else 1.0) * config.branchless
 
-    monkeypatch.setattr(ssu.timing, "graph_time_us", fake_time)
+    monkeypatch.setattr(ssu.measure.timing, "graph_time_us", fake_time)
     p = problem(device="cpu")
     configs = [tuning.Schedule(4, 1), tuning.Schedule(2, 1), tuning.Schedule(8, 2)]
     best, us = tuning.tune_bucket(
@@ -446,7 +446,7 @@ def test_ids_outside_the_cache_in_the_kernel(gen):
 
 
 def test_dropin_through_triton(gen):
-    from ssu import oracle
+    from ssu.checking import oracle
 
     ssu.dropin.clear()
     cache = torch.randn(6, 4, 8, 16, generator=gen, device=DEVICE)
@@ -477,11 +477,11 @@ def test_dropin_through_triton(gen):
 
 
 def test_the_kernel_quantises_with_the_contract_s_qmax():
-    """The kernel spells QMAX as literals (constexpr code cannot read ssu.dtypes): they must be the
+    """The kernel spells QMAX as literals (constexpr code cannot read ssu.contract.dtypes): they must be the
     contract's."""
     import inspect
 
-    from ssu.dtypes import QMAX
+    from ssu.contract.dtypes import QMAX
     from ssu_backend_triton import tiles
 
     source = inspect.getsource(getattr(tiles.quantized_rows, "fn", tiles.quantized_rows))  # the Python function

@@ -12,8 +12,8 @@ import torch
 
 import ssu
 from ssu.conformance import run_on
-from ssu.harness import stochastic_rounding_bias
-from ssu.inputs import step_inputs
+from ssu.checking.harness import stochastic_rounding_bias
+from ssu.checking.inputs import step_inputs
 from ssu_backend_triton import compiled_lanes
 
 from triton_helpers import SHAPES, compare_steps, cuda_problem, launch_layer, run_twice, seeded_states
@@ -116,7 +116,7 @@ def test_state_tiles_move_in_16_byte_vectors(state_dtype, layer, tiles, gen):
     """The compiled step reads and writes the state with 16-byte vector accesses (a 2-byte state
     moved element by element runs at two thirds of the bandwidth): checked in the PTX. A program
     looping over pipelined tiles copies them into shared memory 16 bytes at a time."""
-    from ssu.inputs import step_inputs
+    from ssu.checking.inputs import step_inputs
 
     p = cuda_problem(state_dtype=state_dtype, max_batch=8, num_slots=16)
     ssm = torch.randn(2, p.num_slots, 1, p.nheads, p.headdim, p.dstate, device="cuda").to(
@@ -162,9 +162,9 @@ def test_programmatic_dependent_launch(tokens, gen):
     """Steps and commits launched with programmatic dependent launch (griddepcontrol in the PTX:
     each waits for the kernel before it) match the reference, and replay bit for bit in a CUDA
     graph, where consecutive launches overlap."""
-    from ssu.inputs import step_inputs
-    from ssu import faults
-    from ssu.slot_kernels import commit
+    from ssu.checking.inputs import step_inputs
+    from ssu.state import faults
+    from ssu.state.slot_kernels import commit
 
     p = cuda_problem(tokens_per_step=tokens, speculative=tokens > 1, max_batch=48)
     options = {
@@ -224,7 +224,7 @@ def test_branchless_inputs_write_the_same_bits(state_dtype, tokens, gen):
     """Branch-free and branched loads of the optional inputs are two schedules of the same math:
     both match the reference (with and without D, z, dt_bias and softplus), and from the same
     states they write the same state and output bits."""
-    from ssu.inputs import step_inputs
+    from ssu.checking.inputs import step_inputs
 
     p = cuda_problem(state_dtype=state_dtype, tokens_per_step=tokens, speculative=tokens > 1)
     pins = {
@@ -348,7 +348,7 @@ def lanes_config(compiled: bool) -> "ssu.Config":
 
 def lane_kinds() -> set:
     """The types of the drop-in's lanes bound so far."""
-    return {type(lane).__name__ for lanes in ssu.dropin._lanes.values() for lane in lanes}
+    return {type(lane).__name__ for lanes in ssu.dropin.cache._lanes.values() for lane in lanes}
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled lanes", "Python lanes"])
@@ -375,7 +375,7 @@ def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch, compiled):
     calls.append((unaligned.copy_(calls[0][0]), *calls[0][1:]))
     for name in caches:
         ssu.dropin.clear()
-        monkeypatch.setattr(ssu.dropin, "LANE_BINDS", 0 if name == "step" else 16)
+        monkeypatch.setattr(ssu.dropin.cache, "LANE_BINDS", 0 if name == "step" else 16)
         config = lanes_config(compiled) if name != "reference" else ssu.Config(backend="reference")
         for x, dt, B, C in calls:
             out = ssu.selective_state_update(
@@ -383,7 +383,7 @@ def test_dropin_lanes_write_what_the_step_writes(gen, monkeypatch, compiled):
             )
             outs[name].append(out)
         if name == "lanes":
-            assert sum(len(lanes) for lanes in ssu.dropin._lanes.values()) >= 2  # one per batch at least
+            assert sum(len(lanes) for lanes in ssu.dropin.cache._lanes.values()) >= 2  # one per batch at least
             assert ("Lane" in lane_kinds()) is compiled
     torch.cuda.synchronize()
     assert torch.equal(caches["lanes"], caches["step"])
@@ -410,7 +410,7 @@ def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch,
         calls.append(
             (torch.randn(b, H, P, device="cuda"), dt, *(torch.randn(b, G, N, device="cuda") for _ in range(2)))
         )
-    prepare = ssu.dropin._prepare
+    prepare = ssu.dropin.cache._prepare
     results = {}
     for name in ("lanes", "step"):
         ssu.dropin.clear()
@@ -420,8 +420,8 @@ def test_dropin_cache_lanes_step_fresh_copies_as_the_step_does(gen, monkeypatch,
             prepared.append(1)
             return prepare(*args, **kwargs)
 
-        monkeypatch.setattr(ssu.dropin, "LANE_BINDS", 0 if name == "step" else 16)
-        monkeypatch.setattr(ssu.dropin, "_prepare", counted)
+        monkeypatch.setattr(ssu.dropin.cache, "LANE_BINDS", 0 if name == "step" else 16)
+        monkeypatch.setattr(ssu.dropin.cache, "_prepare", counted)
         config = lanes_config(compiled)
         cache, outs = start.clone(), []
         for x, dt, B, C in calls:

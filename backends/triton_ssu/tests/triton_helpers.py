@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ssu.harness import compare_with_reference, open_pair, seeded_states  # noqa: F401
+from ssu.checking.harness import compare_with_reference, open_pair, seeded_states  # noqa: F401
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -39,7 +39,7 @@ def cuda_problem(shape="nemotron-h-8b", **fields):
 
 
 def compare_steps(problem, gen, *, kernel_options=None, **kwargs):
-    """The triton backend against the reference (see ``ssu.harness.compare_with_reference``)."""
+    """The triton backend against the reference (see ``ssu.checking.harness.compare_with_reference``)."""
     return compare_with_reference("triton", problem, gen, backend_options=kernel_options, **kwargs)
 
 
@@ -76,7 +76,7 @@ def launch_layer(
 ):
     """One launch of the step kernel on layer ``layer`` of an allocated (L, S, K, H, P, N) state,
     with a fresh fault record unless given: the kernel as the tests inspect it."""
-    from ssu import faults as fault_record
+    from ssu.state import faults as fault_record
     from ssu_backend_triton.launch import StepConstants, launch
     from ssu_backend_triton.tuning import Schedule
 
@@ -113,7 +113,7 @@ def compiled_step_matches_reference(backend, problem, gen, options=None):
     fake implementation) against the reference: outputs and states. Returns the kernel, its
     state and the slots."""
     import ssu
-    from ssu.inputs import pick_slots, step_inputs
+    from ssu.checking.inputs import pick_slots, step_inputs
 
     kernel = ssu.open(ssu.Config(backend=backend, validate=False, backends={backend: options or {}}), problem)
     reference = ssu.open(ssu.Config(backend="reference"), problem)

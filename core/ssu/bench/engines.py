@@ -72,9 +72,9 @@ def build(engine: str, form: str, shapes: dict, state_dtype: str, input_dtype: s
     dstate and ngroups."""
     import torch
 
-    from ..dtypes import state_slot_bytes, to_torch
-    from ..inputs import layer_weights
-    from ..problem import Problem
+    from ..contract.dtypes import state_slot_bytes, to_torch
+    from ..checking.inputs import layer_weights
+    from ..contract.problem import Problem
 
     H, P, N, G = (shapes[k] for k in ("nheads", "headdim", "dstate", "ngroups"))
     T = SPECULATIVE_TOKENS if form in ("speculative", "verify") else 1
@@ -147,7 +147,7 @@ def compare(engine: str, form: str, calls: Calls, kernel: Callable, serve: Calla
     """The largest relative differences (outputs, written states) between ``serve`` (an ssu
     contender) and ``kernel`` (the engine's) on the first call of ``calls``, each run from the same
     cache (and buffer) rows, which are put back after each."""
-    from ..oracle import rel_error
+    from ..checking.oracle import rel_error
 
     call, state, buffer = calls.sets[0], calls.state, calls.buffer
     saved = state[calls.touched].clone()
@@ -165,7 +165,7 @@ def compare(engine: str, form: str, calls: Calls, kernel: Callable, serve: Calla
 
 
 def _rel_error_by_rows(actual, expected, rel_error, rows: int = 32) -> float:
-    """:func:`ssu.oracle.rel_error` of two large tensors, taken ``rows`` leading rows at a time, so
+    """:func:`ssu.checking.oracle.rel_error` of two large tensors, taken ``rows`` leading rows at a time, so
     that no float64 copy of a whole cache is made (the states a batch of 512 writes over four
     tokens are several GB)."""
     import math
@@ -187,14 +187,14 @@ def _rel_error_by_rows(actual, expected, rel_error, rows: int = 32) -> float:
 def budgets(state_dtype: str, input_dtype: str, tokens: int) -> tuple:
     """How far two correct implementations may differ: twice the spec's budget of each side
     (output, states)."""
-    from ..oracle import output_tolerance, state_tolerance
+    from ..checking.oracle import output_tolerance, state_tolerance
 
     return 2 * output_tolerance(input_dtype, tokens), 2 * state_tolerance(state_dtype, tokens)
 
 
 def drop_in(backend: str) -> Callable:
     """``ssu.selective_state_update`` with ``backend`` configured, as an engine plugin calls it."""
-    from ..config import Config
+    from ..plugins.config import Config
     from ..dropin import selective_state_update
 
     config = Config(backend=backend)

@@ -24,10 +24,10 @@ from typing import Callable, Optional
 
 import attrs
 
-from .. import traffic as step_traffic
-from ..dtypes import state_slot_bytes
-from ..errors import SSUError, SSUWarning
-from ..inputs import accepted_counts, mean_accepted
+from ..measure import traffic as step_traffic
+from ..contract.dtypes import state_slot_bytes
+from ..contract.errors import SSUError, SSUWarning
+from ..checking.inputs import accepted_counts, mean_accepted
 
 #: each timed graph spans at least this many state bytes, so that the L2 (60 MB on an H200) stays cold
 COLD_BYTES = 1 << 30
@@ -138,14 +138,14 @@ def _staggered_cursors(state, problem, options, gen) -> None:
 def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, timer: Optional[Callable] = None) -> Row:
     """Median microseconds of one decode step of ``case``; ``config`` (an :class:`ssu.Config`)
     gives the backend's options. ``timer(launches, min_launches=...)`` times a list of zero-argument
-    launches (default: CUDA-graph replays, :func:`ssu.timing.graph_time_us`)."""
+    launches (default: CUDA-graph replays, :func:`ssu.measure.timing.graph_time_us`)."""
     import torch
 
-    from ..config import Config
-    from ..inputs import layer_weights, step_inputs
-    from ..kernel import open_kernel
-    from ..problem import Problem
-    from ..timing import event_time_us, graph_time_us
+    from ..plugins.config import Config
+    from ..checking.inputs import layer_weights, step_inputs
+    from ..runtime.kernel import open_kernel
+    from ..contract.problem import Problem
+    from ..measure.timing import event_time_us, graph_time_us
 
     if case.call != "step":
         return _measure_call(case, config, device=device, iterations=iterations, timer=timer)
@@ -175,7 +175,7 @@ def measure(case: Case, config, *, device: str = "cuda", iterations: int = 40, t
         timer = graph_time_us if timing == "graph" else event_time_us
     gen = torch.Generator().manual_seed(0)
     if case.adopt:
-        from ..harness import engine_cache, engine_scales
+        from ..checking.harness import engine_cache, engine_scales
 
         cache_gen = cache_generator(device)
         caches, _ = engine_cache(problem, 1, cache_gen)
@@ -223,14 +223,14 @@ def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Op
     """:func:`measure` of an engine call form (``case.call``) on an adopted cache."""
     import torch
 
-    from .. import engine_harness
-    from ..config import Config
-    from ..harness import engine_cache, engine_scales
-    from ..inputs import layer_weights
-    from ..kernel import open_kernel
-    from ..problem import Problem
-    from ..timing import event_time_us, graph_time_us
-    from ..traffic import io_bytes
+    from ..checking import engine_harness
+    from ..plugins.config import Config
+    from ..checking.harness import engine_cache, engine_scales
+    from ..checking.inputs import layer_weights
+    from ..runtime.kernel import open_kernel
+    from ..contract.problem import Problem
+    from ..measure.timing import event_time_us, graph_time_us
+    from ..measure.traffic import io_bytes
 
     T = case.tokens
     per_set = case.batch * (T if case.call == "packed" else 1)
@@ -312,7 +312,7 @@ def copy_ceiling_tbps(device: str = "cuda", nbytes: int = 1 << 30, timer: Option
     ``copy_`` reaches less on an H200 than an elementwise kernel)."""
     import torch
 
-    from ..timing import graph_time_us
+    from ..measure.timing import graph_time_us
 
     timer = graph_time_us if timer is None else timer
     n = nbytes // 4

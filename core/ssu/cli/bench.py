@@ -87,10 +87,10 @@ def _problem_fields(args, smoke: bool = False) -> dict:
 
 def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
     """The backends to time, and the reason for each not timed (its ``explain`` verdict)."""
-    from ..errors import SSUError
-    from ..problem import Problem
-    from ..registry import default_registry
-    from ..resolve import explain
+    from ..contract.errors import SSUError
+    from ..contract.problem import Problem
+    from ..plugins.registry import default_registry
+    from ..plugins.resolve import explain
 
     registry = default_registry()
     installed = [n for n in sorted(registry.discover()) if n != "reference" or device == "cpu"]
@@ -169,8 +169,8 @@ def cmd_bench(args, timer=None) -> int:
     import torch
 
     from ..bench import measure, report
-    from ..config import load_config
-    from ..errors import SSUError
+    from ..plugins.config import load_config
+    from ..contract.errors import SSUError
 
     if args.saved:
         return _render_saved(args)
@@ -227,7 +227,7 @@ def cmd_bench(args, timer=None) -> int:
     if ceiling:
         print(f"copy ceiling of this GPU: {ceiling:.2f} TB/s (read + write)", flush=True)
     rows = []
-    from ..registry import default_registry
+    from ..plugins.registry import default_registry
 
     adopting = {name for name in chosen if default_registry().load(name).spec.capabilities.adopt_state}
     if args.adopt:
@@ -310,8 +310,8 @@ def _bench_engine(args, timer=None) -> int:
     import torch
 
     from ..bench import engine_kernels, engines, measure, report
-    from ..errors import SSUError
-    from ..timing import graph_time_us
+    from ..contract.errors import SSUError
+    from ..measure.timing import graph_time_us
 
     device = args.device or "cuda"
     check_device(device)
@@ -334,11 +334,11 @@ def _bench_engine(args, timer=None) -> int:
         raise UsageError(f"--batches {args.batches!r}: give positive batch sizes, e.g. 1,8,32,128") from None
     states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
     shapes = _problem_fields(args, smoke)
-    from ..config import load_config
+    from ..plugins.config import load_config
 
     config = load_config(args.config)
-    from ..preflight import engine_refusal
-    from ..registry import default_registry
+    from ..plugins.preflight import engine_refusal
+    from ..plugins.registry import default_registry
 
     registry = default_registry()
     unfit = {}  # installed backends an engine plugin cannot be configured with

@@ -7,7 +7,8 @@ import statistics
 from typing import Sequence
 
 from .problem_args import require_device
-from .usage import UsageError, counted
+from ..contract.errors import counted
+from .usage import UsageError
 
 EXIT_OK, EXIT_WRONG = 0, 1
 #: what the SSU's time and share columns say where the difference from the zeros is within the noise
@@ -80,7 +81,7 @@ def cmd_compare(args) -> int:
         raise UsageError("ssu compare needs transformers: pip install 'ssu-core[transformers]'")
     import torch
 
-    from ..config import load_config
+    from ..plugins.config import load_config
     from ..integrations import hf_models
     from ..integrations.transformers import find_mixers
 
@@ -188,7 +189,7 @@ def ssu_share(steps: Sequence[float], zeros: Sequence[float]) -> tuple[str, str]
 
 def ssu_backend(model) -> str:
     """The backend the patched mixers used (from the drop-in's kernels), or the configured one."""
-    from .. import dropin
+    from ..dropin import cache as dropin
 
     names = sorted({kernel.backend for kernel in dropin._kernels.values()})
     return ", ".join(names) or "?"

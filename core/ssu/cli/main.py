@@ -12,18 +12,18 @@ import sys
 import warnings
 from typing import Optional, Sequence
 
-from ..errors import SSUError
+from ..contract.errors import SSUError
 from .problem_args import add_problem_args, check_device, problem_from_args, require_device
-from .usage import Parser, UsageError, counted, spoken
+from ..contract.errors import counted
+from .usage import Parser, UsageError, spoken
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
 
 
 def _version() -> str:
-    from .. import __version__
-    from ..records import PLUGIN_API_VERSION
+    from ..contract.records import CORE_VERSION, PLUGIN_API_VERSION
 
-    return f"ssu {__version__} (ssu-core, plugin API {PLUGIN_API_VERSION})"
+    return f"ssu {CORE_VERSION} (ssu-core, plugin API {PLUGIN_API_VERSION})"
 
 
 def _parser() -> Parser:
@@ -106,7 +106,7 @@ def _default_device(devices=("cpu", "cuda")) -> str:
 
 def cmd_backends(args) -> int:
     """List the installed backends, their capabilities and (unless --no-probe) whether each runs on the device."""
-    from ..registry import list_backends
+    from ..plugins.registry import list_backends
 
     device = args.device or ("cpu" if args.no_probe else _default_device())
     if args.device:
@@ -145,15 +145,15 @@ def cmd_backends(args) -> int:
 
 
 def _config(args):
-    from ..config import load_config
+    from ..plugins.config import load_config
 
     return load_config(args.config, backend=args.backend)
 
 
 def cmd_explain(args) -> int:
     """Print, backend by backend, why the configuration resolves to the backend it selects for the problem."""
-    from ..registry import default_registry
-    from ..resolve import explain
+    from ..plugins.registry import default_registry
+    from ..plugins.resolve import explain
 
     resolution = explain(_config(args), problem_from_args(args), default_registry())
     print(spoken(resolution.explain()))
@@ -176,16 +176,16 @@ def _settings(config) -> str:
 
 def cmd_check_config(args) -> int:
     """Check a configuration file without running a kernel: backend names, option tables, option values."""
-    from ..config import Config, find_config_file, load_config
-    from ..errors import (
+    from ..plugins.config import Config, find_config_file, load_config
+    from ..contract.errors import (
         BackendBrokenError,
         BackendDisabledError,
         BackendError,
         BackendIncompatibleError,
         ConfigError,
     )
-    from ..registry import default_registry
-    from ..resolve import check_backend_names, check_option_tables, validated_options
+    from ..plugins.registry import default_registry
+    from ..plugins.resolve import check_backend_names, check_option_tables, validated_options
 
     path = args.file
     if path is None:
@@ -231,7 +231,7 @@ def cmd_check_config(args) -> int:
 
 
 def _check_run_args(args, problem) -> None:
-    from ..inputs import usable_slots
+    from ..checking.inputs import usable_slots
 
     for name in ("layers", "steps"):
         if getattr(args, name) < 1:
@@ -252,8 +252,8 @@ def _check_run_args(args, problem) -> None:
 
 
 def _check_memory(problem, layers: int) -> None:
-    from ..decode import memory_needed
-    from ..devices import available_bytes, gib
+    from .decode import memory_needed
+    from ..contract.devices import available_bytes, gib
 
     needed = memory_needed(problem, layers)
     available = available_bytes(problem.device)
@@ -267,8 +267,8 @@ def _check_memory(problem, layers: int) -> None:
 
 def cmd_run(args) -> int:
     """Decode random inputs through the selected backend and compare them with the reference as they run."""
-    from ..decode import decode_run
-    from ..kernel import open_kernel
+    from .decode import decode_run
+    from ..runtime.kernel import open_kernel
     from .progress import Progress
 
     require_device(args.device)
@@ -298,9 +298,9 @@ def cmd_run(args) -> int:
 def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str]:
     """(backend, device) to verify: the configured name, or for a list or ``auto`` the first
     candidate available here, as resolution would try them."""
-    from ..config import AUTO
-    from ..errors import BackendUnavailableError
-    from ..resolve import auto_order
+    from ..plugins.config import AUTO
+    from ..contract.errors import BackendUnavailableError
+    from ..plugins.resolve import auto_order
 
     names = auto_order(registry, []) if config.candidates == (AUTO,) else list(config.candidates)
     reasons = []
@@ -319,8 +319,8 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
 def _state_dtypes(value: Optional[str], capabilities, backend: str):
     """``--state-dtype``'s dtypes (None when not given), each known and declared by the backend."""
     from ..conformance.runner import narrowed
-    from ..dtypes import STATE_DTYPES, dtype_name
-    from ..errors import ConfigError
+    from ..contract.dtypes import STATE_DTYPES, dtype_name
+    from ..contract.errors import ConfigError
 
     if value is None:
         return None
@@ -343,7 +343,7 @@ def cmd_verify(args) -> int:
         raise UsageError("ssu verify draws its cases with hypothesis: pip install 'ssu-core[test]'")
     from ..conformance import CHECKS, PROFILES, run_conformance
     from ..conformance.runner import device_profile
-    from ..registry import default_registry
+    from ..plugins.registry import default_registry
 
     if args.device:
         check_device(args.device)
@@ -416,7 +416,7 @@ def cmd_verify(args) -> int:
 
 def cmd_new_backend(args) -> int:
     """Write a new backend distribution from the scaffold and print the commands that test it."""
-    from ..scaffold import module_name, write_backend
+    from .scaffold import module_name, write_backend
 
     root = write_backend(args.name, args.dir, force=args.force)
     print(f"wrote {root}/ (backend {args.name!r}, module {module_name(args.name)})")
@@ -442,7 +442,7 @@ def _commands() -> dict:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """ssu's own warnings as one line (``ssu: warning: ...``), others as Python prints them."""
-    from ..errors import SSUWarning
+    from ..contract.errors import SSUWarning
 
     if issubclass(category, SSUWarning):
         print(f"ssu: warning: {message}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..shapes import MODEL_SHAPES
+from ..integrations.shapes import MODEL_SHAPES
 from .usage import UsageError
 
 #: head shapes of real models (docs/spec.md); ``--model`` picks one, explicit options override it
@@ -47,7 +47,7 @@ def check_device(device: str, option: str = "--device") -> str:
 def require_device(device: str, option: str = "--device") -> str:
     """``device`` if torch can parse it and reach it here, else a usage error naming ``option`` with
     the reason and its remedy (no CUDA device visible, an index past the last GPU)."""
-    from ..devices import torch_device_availability
+    from ..contract.devices import torch_device_availability
 
     check_device(device, option)
     availability = torch_device_availability(device)
@@ -58,8 +58,8 @@ def require_device(device: str, option: str = "--device") -> str:
 
 def problem_from_args(args: argparse.Namespace):
     """The problem the options describe; every bad value is a usage error naming its option."""
-    from ..errors import ConfigError
-    from ..problem import Problem
+    from ..contract.errors import ConfigError
+    from ..contract.problem import Problem
 
     for name in POSITIVE:
         value = getattr(args, name, None)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Optional
 
-from ..errors import SSUError
+from ..contract.errors import SSUError
 
 
 class UsageError(SSUError):
@@ -22,16 +21,6 @@ class Parser(argparse.ArgumentParser):
         """Print argparse's message with a pointer to --help and exit with the usage status (2)."""
         sys.stderr.write(f"{self.prog}: error: {message}; see {self.prog} --help\n")
         raise SystemExit(2)
-
-
-def counted(n: int, noun: str, plural: Optional[str] = None) -> str:
-    """``n`` and ``noun`` in the number it takes: ``1 layer``, ``4 layers`` (``plural``: where
-    adding an s is not the plural).
-
-    >>> counted(1, "layer"), counted(0, "corner"), counted(2, "layer-step")
-    ('1 layer', '0 corners', '2 layer-steps')
-    """
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 _DEVICE = re.compile(r"device=(['\"])([^'\"]+)\1")

@@ -1,10 +1,12 @@
-"""The conformance kit's checks, cases and runner: what ``ssu verify`` and ``pytest --ssu-backend``
-hold every backend to (docs/writing-a-backend.md, "What the conformance kit checks").
+"""The conformance kit: the checks, cases and runner every backend is held to.
+
+What ``ssu verify`` and ``pytest --ssu-backend`` hold every backend to (docs/writing-a-backend.md,
+"What the conformance kit checks").
 
 - :mod:`.cases`: the problems and call variants drawn inside a backend's capabilities, real model
   shapes, the profiles ``quick``, ``default`` and ``thorough``.
 - :mod:`.checks`, :mod:`.id_checks`, :mod:`.engine_calls`: each check, against the float64 oracle
-  within :func:`ssu.oracle.tolerances`, on the comparisons of :mod:`.expect`; :mod:`.catalogue`:
+  within :func:`ssu.checking.oracle.tolerances`, on the comparisons of :mod:`.expect`; :mod:`.catalogue`:
   the table of them.
 - :mod:`.rules`: the rules of docs/spec.md under the ids a failure names.
 - :mod:`.runner`: the hypothesis loop that runs a check on a profile's cases and shrinks a failure.
@@ -12,7 +14,7 @@ hold every backend to (docs/writing-a-backend.md, "What the conformance kit chec
 
 from __future__ import annotations
 
-from ..harness import CheckFailure
+from ..checking.harness import CheckFailure
 from .cases import LAYOUTS, PROFILES, REAL_SHAPES, Case, Profile
 from .catalogue import CHECKS, Check, case_for, run_on
 from .expect import CheckSkipped

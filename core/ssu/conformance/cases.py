@@ -17,8 +17,8 @@ from typing import Optional
 
 import attrs
 
-from ..inputs import layer_weights, step_inputs
-from ..problem import Problem
+from ..checking.inputs import layer_weights, step_inputs
+from ..contract.problem import Problem
 
 #: how a step's tensors sit in memory: as allocated; each row contiguous but the batch and token
 #: strides free (slices of a projection, as engines pass them: rows 3 values apart, or 16-byte
@@ -406,7 +406,7 @@ def step_call(case: Case, slots, gen, layer_weights_: Optional[dict] = None, *, 
     (but one contiguous block for a backend that needs ``contiguous_rows``, ``case.aligned``)."""
     import torch
 
-    from ..dtypes import to_torch
+    from ..contract.dtypes import to_torch
 
     p = case.problem
     w = weights(case, gen) if layer_weights_ is None else layer_weights_
@@ -441,11 +441,11 @@ def _lead(problem: Problem, name: str) -> int:
 
 def _laid_out(t, layout: str, lead: int, *, aligned: bool = False):
     """``t``'s values in a tensor of ``layout`` (see :data:`LAYOUTS`,
-    :func:`ssu.engine_harness.laid_out`); the per-head parameters (``lead`` 0) keep their own
+    :func:`ssu.checking.engine_harness.laid_out`); the per-head parameters (``lead`` 0) keep their own
     layout in "rows", and what is not laid out (``lead`` -1) stays as it is."""
     import torch
 
-    from ..engine_harness import laid_out
+    from ..checking.engine_harness import laid_out
 
     if not isinstance(t, torch.Tensor) or lead < 0 or (layout == "rows" and lead == 0):
         return t

@@ -123,7 +123,7 @@ CHECKS: dict[str, Check] = {
 def case_for(problem, **knobs) -> Case:
     """A case for ``problem`` as engines call it: the whole batch with a pad row, every optional
     input, rows strided as slices of a projection; ``knobs`` override any field of :class:`Case`."""
-    from ..inputs import usable_slots
+    from ..checking.inputs import usable_slots
 
     batch = min(problem.max_batch, usable_slots(problem))
     fields = dict(layout="rows", dt_bias=problem.input_dtype, batch=batch, pad_rows=1 if batch >= 2 else 0, steps=8)

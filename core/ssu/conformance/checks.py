@@ -1,11 +1,11 @@
 """The conformance checks of steps, decodes and the state's life: each drives an opened kernel
 through one :class:`~.cases.Case` and compares what it computed with the float64 oracle, through
-the backend-neutral ``read_state`` / ``write_state`` (:mod:`ssu.harness`), within the budgets of
-:func:`ssu.oracle.tolerances`. The checks of slot ids and engines' caches are in
+the backend-neutral ``read_state`` / ``write_state`` (:mod:`ssu.checking.harness`), within the budgets of
+:func:`ssu.checking.oracle.tolerances`. The checks of slot ids and engines' caches are in
 :mod:`.id_checks`, those of the engines' call forms in :mod:`.engine_calls`, the table of them all
 in :mod:`.catalogue`.
 
-A check raises :class:`~ssu.harness.CheckFailure` on a wrong result and :class:`~.expect.CheckSkipped`
+A check raises :class:`~ssu.checking.harness.CheckFailure` on a wrong result and :class:`~.expect.CheckSkipped`
 when the case does not apply to the backend (a capability it does not declare, validation off).
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import attrs
 
-from .. import oracle, quant
-from ..errors import InputError
-from ..harness import CheckFailure, expect_close, logical_states, prepared, real_slots
-from ..inputs import pick_slots, random_states, step_inputs
+from ..checking import oracle
+from ..state import quant
+from ..contract.errors import InputError
+from ..checking.harness import CheckFailure, expect_close, logical_states, prepared, real_slots
+from ..checking.inputs import pick_slots, random_states, step_inputs
 from .cases import Case, _laid_out, step_call
 from .expect import (
     CheckSkipped,
@@ -212,7 +213,7 @@ def check_cuda_graph(kernel, case: Case, gen) -> None:
     bit-identical outputs and states to the same calls made eagerly."""
     import torch
 
-    from ..harness import seeded_states
+    from ..checking.harness import seeded_states
 
     p = kernel.problem
     eager, graphed = seeded_states((kernel, kernel), p, gen, layers=2)

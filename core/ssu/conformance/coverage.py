@@ -149,7 +149,7 @@ def commit_cells(case: Case) -> set:
 def destination_cells(case: Case) -> set:
     """The cells of :func:`destination_axes` that the ``destinations`` check reaches on ``case``
     (a kernel with validation on, as the kit opens them)."""
-    from ..harness import real_slots
+    from ..checking.harness import real_slots
 
     p = case.problem
     b = min(case.batch, len(real_slots(p)) // 2)
@@ -225,7 +225,7 @@ def missing_engine_cells(capabilities, device: str, profile) -> list[tuple]:
 def markdown(capabilities) -> str:
     """The table of cells for a backend of ``capabilities`` (docs/kit-rules.md shows the one for a
     backend that declares everything: the reference's)."""
-    import ssu
+    from ..contract.problem import Problem
 
     lines = [
         "| form | knob | values | what | applies when |",
@@ -237,7 +237,7 @@ def markdown(capabilities) -> str:
         lines.append(f"| commit | {axis} | {', '.join(values)} |  | a speculative step |")
     for axis, values in destination_axes(capabilities).items():
         lines.append(f"| step with dst_slots | {axis} | {', '.join(values)} |  | destination_slots |")
-    probe = ssu.Problem(
+    probe = Problem(
         nheads=2, headdim=2, dstate=2, ngroups=1, state_dtype="bf16", input_dtype="bf16", num_slots=8, max_batch=2,
         tokens_per_step=2, engine_calls=capabilities.engine_calls,
     )  # fmt: skip

@@ -6,7 +6,7 @@ of the case's backend for the form (tables as wide as the backend allows, up to 
 slots for every sequence's row of them; an adopted strided cache where the backend adopts) and
 runs the case's schedule of calls (:mod:`.engine_draws`: every value of every knob of the form
 the backend's capabilities allow) on two layers, each against the float64 oracle
-(:mod:`ssu.engine_harness`): every output, a given ``out``'s rows no sequence owns, every slot,
+(:mod:`ssu.checking.engine_harness`): every output, a given ``out``'s rows no sequence owns, every slot,
 buffer row and layer the call does not write bit for bit, and a fault-free record. Then, where
 validation does not look at values, each guarded value of the form in an otherwise valid call,
 served as the spec says and named by ``check()`` with the record it must leave.
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import attrs
 
-from .. import engine_harness, faults
+from ..checking import engine_harness
+from ..state import faults
 from . import engine_draws
-from ..harness import engine_cache, engine_scales, prepared
+from ..checking.harness import engine_cache, engine_scales, prepared
 from .cases import Case
 
 #: tokens per sequence of the engine calls the kit draws, at most
@@ -31,7 +32,7 @@ def _opened(kernel, case: Case, form: str, sequences: int, tables: int):
     adopted where the backend adopts, every slot random)."""
     import torch
 
-    from ..kernel import open_kernel
+    from ..runtime.kernel import open_kernel
 
     p = case.problem
     caps = kernel.capabilities
@@ -70,7 +71,7 @@ def _outside(problem, index_dtype) -> int:
 
 
 def _weights(problem, knobs: dict, gen) -> dict:
-    from ..inputs import layer_weights
+    from ..checking.inputs import layer_weights
 
     D, bias = knobs["D"], knobs["dt_bias"]
     return layer_weights(

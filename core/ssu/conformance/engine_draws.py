@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import attrs
 
-from ..engine_harness import BUFFER_LAYOUTS, INPUT_LAYOUTS, TABLE_LAYOUTS
+from ..checking.engine_harness import BUFFER_LAYOUTS, INPUT_LAYOUTS, TABLE_LAYOUTS
 
 
 @attrs.frozen

@@ -1,13 +1,13 @@
 """What the conformance checks share: the slots and acceptance counts a check draws, the error
-budgets of a kernel's problem, and the comparisons that raise :class:`~ssu.harness.CheckFailure`
+budgets of a kernel's problem, and the comparisons that raise :class:`~ssu.checking.harness.CheckFailure`
 naming the rule of :mod:`.rules` a wrong result breaks."""
 
 from __future__ import annotations
 
-from .. import oracle
-from ..errors import InputError
-from ..harness import CheckFailure, expect_close, expect_out, expect_rounded, logical_states
-from ..inputs import pick_slots
+from ..checking import oracle
+from ..contract.errors import InputError
+from ..checking.harness import CheckFailure, expect_close, expect_out, expect_rounded, logical_states
+from ..checking.inputs import pick_slots
 from .cases import Case
 
 
@@ -36,7 +36,7 @@ def budgets(kernel) -> tuple[float, float]:
 def expect_states_close(kernel, what: str, got, want, tol: float, start=None, rule: str = "") -> None:
     """New states within the state budget of the exact ones; for an 8-bit cache also each value
     within its own rounding (its row's scale), which a budget relative to the tensor cannot see.
-    ``start``: the states a speculative step started from (:func:`ssu.oracle.rounding_bound`)."""
+    ``start``: the states a speculative step started from (:func:`ssu.checking.oracle.rounding_bound`)."""
     expect_close(what, got, want, tol, rule)
     if kernel.problem.quantized:
         expect_rounded(what, got, want, kernel.problem.state_dtype, start if kernel.problem.speculative else None)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import attrs
 
-from .. import oracle
-from ..errors import InputError
-from ..harness import (
+from ..checking import oracle
+from ..contract.errors import InputError
+from ..checking.harness import (
     CheckFailure,
     batch_slots,
     cache_rows,
@@ -19,7 +19,7 @@ from ..harness import (
     prepared,
     real_slots,
 )
-from ..inputs import pick_slots
+from ..checking.inputs import pick_slots
 from .cases import Case, step_call
 from .expect import (
     CheckSkipped,

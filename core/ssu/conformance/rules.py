@@ -1,6 +1,6 @@
 """The rules of docs/spec.md the conformance kit holds a backend to, each under a short id.
 
-A failed check names the rule it found broken (:class:`ssu.harness.CheckFailure`'s ``rule``): one
+A failed check names the rule it found broken (:class:`ssu.checking.harness.CheckFailure`'s ``rule``): one
 rule where the check can tell which (a fault record naming the wrong argument), else the group of
 rules a wrong value may come from (an output off the oracle: the recurrence). The mutation suite
 of the repository breaks every rule here, one backend each, and the kit fails every one of them.

@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Optional
 
 import attrs
 
-from ..errors import InputError, SSUError
-from ..harness import CheckFailure, open_backend
+from ..contract.errors import InputError, SSUError
+from ..checking.harness import CheckFailure, open_backend
 from .cases import PROFILES, Case, Profile, cases, corner_cases, real_cases
 from .catalogue import CHECKS
 from .expect import CheckSkipped
@@ -59,7 +59,7 @@ class CheckReport:
         """What the cases that ran spanned: shapes, tokens, dtypes, layouts, pad ids, options."""
         if not self.ran:
             return "no case ran"
-        from ..cli.usage import counted
+        from ..contract.errors import counted
 
         problems = [c.problem for c in self.ran]
         real = sum(bool(c.label) and not c.label.startswith("corner") for c in self.ran)
@@ -170,8 +170,8 @@ def run_check(
     from hypothesis import HealthCheck, given, reject, seed, settings
     from hypothesis.errors import Unsatisfiable
 
-    from ..resolve import validated_options
-    from ..config import Config
+    from ..plugins.resolve import validated_options
+    from ..plugins.config import Config
 
     spec = CHECKS[check]
     loaded = registry.load(backend)
@@ -317,7 +317,7 @@ def run_conformance(
     """Run the checks (default: all) on ``backend``; ``on_start`` sees each check's name as it
     starts and ``on_report`` each report as it is made; ``state_dtypes`` narrows the drawn problems
     to those state dtypes (each one the backend declares)."""
-    from ..registry import default_registry
+    from ..plugins.registry import default_registry
 
     registry = default_registry() if registry is None else registry
     chosen = resolve_profile(profile)

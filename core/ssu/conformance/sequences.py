@@ -20,10 +20,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import faults, oracle
-from ..errors import InputError
-from ..harness import CheckFailure, cache_rows, engine_cache, engine_scales, expect_close, logical_states, prepared
-from ..inputs import pick_slots, random_states
+from ..state import faults
+from ..checking import oracle
+from ..contract.errors import InputError
+from ..checking.harness import (
+    CheckFailure,
+    cache_rows,
+    engine_cache,
+    engine_scales,
+    expect_close,
+    logical_states,
+    prepared,
+)
+from ..checking.inputs import pick_slots, random_states
 from .cases import Case, step_call, weights
 from .expect import budgets, draw_slots, expect_unchanged
 

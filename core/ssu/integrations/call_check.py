@@ -1,5 +1,5 @@
 """``SSU_CHECK``: every call an engine plugin serves, checked against the float64 statement of the
-math (:mod:`ssu.oracle`), to debug a deployment or to test an engine's own calls end to end.
+math (:mod:`ssu.checking.oracle`), to debug a deployment or to test an engine's own calls end to end.
 
 ``SSU_CHECK=PATH`` appends one JSON line per served call to ``PATH`` (the engine, the call form,
 its batch and tokens, the accepted counts of a speculative call, the relative errors of its
@@ -102,9 +102,9 @@ def measure(before, state, y, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots,
     call found it) against what the call left in ``state``, ``y`` and ``buffer``."""
     import torch
 
-    from .. import oracle
-    from ..dropin_engines import _buffer, call_form
-    from ..dtypes import dtype_name
+    from ..checking import oracle
+    from ..dropin.engines import _buffer, call_form
+    from ..contract.dtypes import dtype_name
 
     form = call_form(x, slots, num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens,
                      disable_state_update=disable_state_update, intermediate_states_buffer=buffer,

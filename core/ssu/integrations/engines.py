@@ -24,24 +24,24 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..errors import BackendUnavailableError, NotServedError
+from ..contract.errors import BackendUnavailableError, NotServedError
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..kernel import Kernel
+    from ..plugins.config import Config
+    from ..runtime.kernel import Kernel
 
 
 def configured() -> Optional["Config"]:
     """This process's ssu configuration where it names a backend (``SSU_BACKEND``, or ``backend`` in
     the ``ssu.toml`` / ``[tool.ssu]`` of the working directory); None where it names none.
 
-    A configuration that names one is checked now (:func:`ssu.preflight.preflight` for an engine):
+    A configuration that names one is checked now (:func:`ssu.plugins.preflight.preflight` for an engine):
     an unknown or uninstalled backend name, a broken or disabled backend, a backend that cannot step
     an engine's cache, or a bad option raises its :class:`~ssu.SSUError`, whose message says where
     the name came from and what to do. A user who asked for ssu hears at startup why it cannot
     serve, rather than the engine running without it or failing at its first request."""
-    from ..config import load_config
-    from ..preflight import preflight
+    from ..plugins.config import load_config
+    from ..plugins.preflight import preflight
 
     config = load_config()
     if config.source == "default":
@@ -76,7 +76,7 @@ NOT_SERVED = (NotServedError, BackendUnavailableError)
 
 class Passed:
     """The calls an engine plugin passes to the engine's own SSU backend: per cache tensor and call
-    form (:func:`ssu.dropin_engines.call_form`), those whose first call the drop-in did not serve.
+    form (:func:`ssu.dropin.engines.call_form`), those whose first call the drop-in did not serve.
 
     Empty (false) while ssu serves every call, so that a plugin's hot path asks it nothing more
     than its truth; a cache tensor that the engine drops leaves it."""

@@ -13,8 +13,8 @@ from typing import Optional
 
 import attrs
 
-from ..errors import ConfigError
-from ..shapes import MODEL_SHAPES
+from ..contract.errors import ConfigError
+from .shapes import MODEL_SHAPES
 
 #: architecture -> how its config names the mixer shapes and layer kinds (all layers Mamba2)
 ARCHITECTURES = ("mamba2", "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2")
@@ -93,7 +93,7 @@ def config_fields(arch: str, H: int, P: int, N: int, G: int, layers: int, vocab:
 
 
 def _unknown_arch(arch: str) -> str:
-    from ..options import did_you_mean
+    from ..contract.options import did_you_mean
 
     if arch in MAMBA1:
         return (
@@ -427,7 +427,7 @@ def kernel_us(model, input_ids, config) -> Optional[float]:
     with ``config`` (CUDA-graph replays of the backend's step callable on a first decode call's
     arguments); None off CUDA or for a backend whose step a graph cannot capture."""
     from .. import dropin
-    from ..timing import graph_time_us
+    from ..measure.timing import graph_time_us
     from . import transformers as integration
 
     if input_ids.device.type != "cuda":

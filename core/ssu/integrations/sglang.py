@@ -39,7 +39,7 @@ _announce = None
 def register() -> None:
     """SGLang's entry point: route SGLang's SSU dispatch through ssu where this process names a
     backend; where that configuration is wrong, make SGLang's SSU initialisation raise why."""
-    from ..errors import SSUError
+    from ..contract.errors import SSUError
     from .engines import configured
 
     try:
@@ -113,7 +113,7 @@ def ssu_class(ssu_dispatch, config) -> type:
     ``config``; an instance takes SGLang's own backend, to which it passes the calls ssu does not
     serve."""
     from ..dropin import selective_state_update
-    from ..dropin_engines import call_form
+    from ..dropin.engines import call_form
     from .call_check import checking, wanted
     from .engines import NOT_SERVED, Passed
 

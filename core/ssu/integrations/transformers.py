@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import attrs
 
-from ..errors import ConfigError, SSUError
+from ..contract.errors import ConfigError, SSUError
 
 #: the function a transformers Mamba2 mixer calls for its decode SSU, in its modeling module
 FUNCTION = "mamba2_selective_state_update"
@@ -63,7 +63,7 @@ class Serving:
     lanes: tuple = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        from ..dropin import lanes_of
+        from ..dropin.cache import lanes_of
 
         object.__setattr__(self, "lanes", lanes_of(self.config)[1])
 
@@ -151,7 +151,7 @@ def find_mixers(model) -> list:
 
 
 def _mixer_problem(mixer, device, dtype):
-    from ..problem import Problem
+    from ..contract.problem import Problem
 
     return Problem(
         nheads=mixer.num_heads,
@@ -170,8 +170,8 @@ def _mixer_problem(mixer, device, dtype):
 def _check_served(mixers, config) -> None:
     """Every distinct mixer shape resolves to a backend (the model's cache is fp32, its inputs in
     the model's dtype), or the reason is raised before anything is patched."""
-    from ..registry import default_registry
-    from ..resolve import resolve
+    from ..plugins.registry import default_registry
+    from ..plugins.resolve import resolve
 
     seen = set()
     for name, mixer in mixers:
@@ -204,11 +204,12 @@ def patch(model, config=None, *, state_rounding: Optional[str] = None, **options
 
     ``state_rounding`` (``"int8"`` or ``"fp8_e4m3"``): after each decode step the layer's cache is
     rounded in place to what an 8-bit cache of that dtype would hold (row scales computed afresh,
-    :mod:`ssu.quant`), so that generation shows the accuracy of such a cache on a model whose
+    :mod:`ssu.state.quant`), so that generation shows the accuracy of such a cache on a model whose
     cache transformers keeps in fp32 (the time per token then includes the rounding).
     """
-    from ..config import Config, load_config
-    from ..dropin import after_cache_lanes, selective_state_update
+    from ..plugins.config import Config, load_config
+    from ..dropin import selective_state_update
+    from ..dropin.cache import after_cache_lanes
 
     if getattr(model, "_ssu_patch", None) is not None:
         raise ConfigError(
@@ -220,7 +221,7 @@ def patch(model, config=None, *, state_rounding: Optional[str] = None, **options
     if config is None:
         config = Config(**options) if options else load_config()
     if state_rounding is not None:
-        from ..dtypes import QUANTIZED_STATE_DTYPES, dtype_name
+        from ..contract.dtypes import QUANTIZED_STATE_DTYPES, dtype_name
 
         state_rounding = dtype_name(state_rounding, what="state_rounding", valid=QUANTIZED_STATE_DTYPES)
         if state_rounding not in QUANTIZED_STATE_DTYPES:
@@ -268,8 +269,8 @@ def _dispatcher(original, selective_state_update, after_cache_lanes):
     plain call (no dynamo wrapper in the way)."""
     import torch
 
-    from ..dropin import lanes_of
-    from ..quant import stored
+    from ..dropin.cache import lanes_of
+    from ..state.quant import stored
 
     compiled_out = torch.compiler.disable(selective_state_update)
     is_compiling = torch.compiler.is_compiling

@@ -111,7 +111,7 @@ def ssu_class(ssu_dispatch, config, own_name: str, own_class: type) -> type:
     ``config``, standing in for ``own_class`` (vLLM's class registered as ``own_name``), to which it
     passes the calls ssu does not serve."""
     from ..dropin import selective_state_update
-    from ..dropin_engines import call_form
+    from ..dropin.engines import call_form
     from .call_check import checking, wanted
     from .engines import NOT_SERVED, Passed
 

@@ -1,14 +1,14 @@
 """The ``reference`` backend: pure PyTorch, every feature of docs/spec.md, any device torch supports.
 
 It is the correctness oracle of every other backend (and is itself tested against the float64
-statement in :mod:`ssu.oracle`). Registered through ssu-core's own ``ssu.backends`` entry point,
+statement in :mod:`ssu.checking.oracle`). Registered through ssu-core's own ``ssu.backends`` entry point,
 like any third-party backend. This module imports no torch until a kernel is opened.
 """
 
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
-from ..records import PLUGIN_API_VERSION, BackendSpec, Capabilities
+from ..contract.hookspecs import hookimpl
+from ..contract.records import PLUGIN_API_VERSION, BackendSpec, Capabilities
 
 NAME = "reference"
 
@@ -55,13 +55,13 @@ def ssu_engine_call(ctx, form):
 @hookimpl
 def ssu_probe(device):
     """Available wherever torch can allocate on the device."""
-    from ..devices import torch_device_availability
+    from ..contract.devices import torch_device_availability
 
     return torch_device_availability(device)
 
 
 # state, commit, read and write: the versioned-slot layout shared with the other built-in backends
-from ..slot_state import (  # noqa: E402, F401 - registered as this backend's hooks
+from ..state.slot_state import (  # noqa: E402, F401 - registered as this backend's hooks
     ssu_adopt_state,
     ssu_allocate_state,
     ssu_commit,

@@ -1,6 +1,6 @@
 """The reference backend's engine call forms (docs/spec.md, "Engine call forms"), in plain
 PyTorch with fp32 arithmetic: vLLM's packed call and SGLang's verify call, on the states of the
-versioned-slot layout (:mod:`ssu.slot_state`): an adopted engine cache or an allocated state, the
+versioned-slot layout (:mod:`ssu.state.slot_state`): an adopted engine cache or an allocated state, the
 logical state of each slot read and written where it lives. Ids, counts, offsets and parents that
 the spec refuses are served as it says and recorded in the kernel's fault record. Slow on purpose.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import faults, quant, slot_state
+from ..state import faults, quant, slot_state
 from .math import per_head
 
 

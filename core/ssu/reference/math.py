@@ -2,7 +2,7 @@
 
 Within one step the T tokens of a sequence chain in fp32; each token's state is written to the
 cache rounded to its dtype (round to nearest; an 8-bit cache quantised per row with a fresh scale,
-:mod:`ssu.quant`). A row reads a zero state when its slot is the pad
+:mod:`ssu.state.quant`). A row reads a zero state when its slot is the pad
 id or outside the cache (the latter recorded in the kernel's fault record) and then writes no state;
 a row with a real slot writes none when its destination is the pad id or outside the cache. Slow on
 purpose: it is the oracle, not a contender.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import faults, quant, slot_state
+from ..state import faults, quant, slot_state
 
 
 def per_head(x, dt, A, D, dt_bias):
@@ -78,7 +78,7 @@ def make_step(ctx):
             keep = keep & valid  # a pad row writes nothing
         cursor = slot_state.uses_cursor(state)
         cur = slot_state.current_version(state, idx) if cursor else torch.zeros_like(idx)
-        scales = state.scales[layer] if quantized else None  # 8-bit rows' scales (ssu.quant)
+        scales = state.scales[layer] if quantized else None  # 8-bit rows' scales (ssu.state.quant)
         if quantized:
             s = quant.dequantize(views.read[idx, cur], scales.read[idx, cur])
         else:

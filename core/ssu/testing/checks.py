@@ -49,7 +49,7 @@ def assert_conformant(
 
     >>> assert_conformant("reference", checks=["roundtrip"], profile="quick")
     """
-    from ..registry import default_registry
+    from ..plugins.registry import default_registry
 
     registry = default_registry() if registry is None else registry
     loaded = registry.load(backend)

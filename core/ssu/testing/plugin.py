@@ -62,8 +62,8 @@ def pytest_configure(config) -> None:
         return
     import pytest
 
-    from ..errors import SSUError
-    from ..registry import default_registry
+    from ..contract.errors import SSUError
+    from ..plugins.registry import default_registry
 
     try:
         default_registry().load(name)
