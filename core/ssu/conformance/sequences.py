@@ -83,12 +83,13 @@ class _Run:
         self.index_dtype = draw_slots(case, gen).dtype
         self.pads = case.pad_rows
         real = case.batch - self.pads
-        self.pool = pick_slots(p, min(p.num_slots - int(p.pad_in_cache), real + 2), gen).long()
+        # the model lives on the host (pool, states, ages), whatever the kernel's device
+        self.pool = pick_slots(p, min(p.num_slots - int(p.pad_in_cache), real + 2), gen).long().cpu()
         self.rows = min(real, len(self.pool))
         self.weights = [weights(case, gen) for _ in range(LAYERS)]
         # the model: each layer's logical states (float64), steps since each was read or written,
         # what last set it, and the smallest fault key since the last check
-        self.want = [values.double() for values in self.before]
+        self.want = [values.double().cpu() for values in self.before]
         self.age = [torch.zeros(p.num_slots, dtype=torch.long) for _ in range(LAYERS)]
         self.last = [dict() for _ in range(LAYERS)]
         self.fault: Optional[int] = None
@@ -271,7 +272,7 @@ class _Run:
         """Within ``tol`` of the model; a failure names the rule the slot that is furthest off
         points to (what last set it, and what came after)."""
         try:
-            expect_close(what, got, want, tol)
+            expect_close(what, got.double().cpu(), want.double().cpu(), tol)
         except CheckFailure as exc:
             raise CheckFailure(str(exc), rule or self._suspect(layer, slots, served, got, want)) from None
 
