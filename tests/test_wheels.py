@@ -5,6 +5,7 @@ dependencies, which listing does not need), and listed by ``ssu``."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -25,10 +26,21 @@ def run(*command, **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+def build_wheels(tmp_path_factory, out, **kwargs) -> None:
+    """``scripts/build-wheels out``, one build at a time: the builds stage in the source tree's
+    folders (setuptools' build/ and *.egg-info), which two at once, in pytest-xdist's processes,
+    would share. The lock lies in the folder above the session's temporary folder, which every
+    process of one ``pytest -n N`` run shares."""
+    lock = tmp_path_factory.getbasetemp().parent / "ssu-build-wheels.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run("bash", str(ROOT / "scripts" / "build-wheels"), str(out), **kwargs)
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    run("bash", str(ROOT / "scripts" / "build-wheels"), str(out), cwd=ROOT)
+    build_wheels(tmp_path_factory, out, cwd=ROOT)
     return out
 
 
@@ -84,7 +96,7 @@ def test_two_backends_install_from_the_wheels_alone_and_are_listed(wheels, tmp_p
 
 
 @pytest.mark.slow
-def test_the_script_builds_from_a_bare_environment_into_a_relative_folder(tmp_path):
+def test_the_script_builds_from_a_bare_environment_into_a_relative_folder(tmp_path, tmp_path_factory):
     """A new virtual environment has pip (and an old setuptools, no wheel): enough, since each wheel
     is built in pip's isolated build environment; the folder is relative to where it was called."""
     venv = tmp_path / "bare"
@@ -93,7 +105,7 @@ def test_the_script_builds_from_a_bare_environment_into_a_relative_folder(tmp_pa
     env.pop("VIRTUAL_ENV", None)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run("bash", str(ROOT / "scripts" / "build-wheels"), "wheels", cwd=elsewhere, env=env)
+    build_wheels(tmp_path_factory, "wheels", cwd=elsewhere, env=env)
     built = sorted(p.name.split("-")[0] for p in (elsewhere / "wheels").glob("*.whl"))
     assert built == sorted(DISTRIBUTIONS)
     assert not (ROOT / "wheels").exists()

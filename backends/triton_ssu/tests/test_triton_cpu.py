@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ssu
+from ssu.testing import CHECK_NAMES
 from ssu_backend_triton import tuning
 
 from triton_helpers import DEVICE, compare_steps, compiled_step_matches_reference
@@ -405,6 +406,23 @@ def test_8_bit_states_pass_the_kit_value_by_value(checks):
         device=DEVICE,
         state_dtypes=["int8", "fp8_e4m3"],
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECK_NAMES)
+def test_passes_each_check_of_the_kit_at_the_smoke_profile(check):
+    """Every check of the conformance kit at the smoke profile, on every state dtype the backend
+    declares: what ``pytest --ssu-backend triton --ssu-profile smoke`` runs (each check draws the
+    same cases alone as in a whole run), a test per check. Without CUDA the cuda-graph check
+    cannot run and says so; every other check passes."""
+    from ssu.testing import assert_conformant
+    from ssu.testing.checks import CheckSkipped
+
+    if check == "cuda-graph" and DEVICE == "cpu":
+        with pytest.raises(CheckSkipped, match="cuda-graph"):
+            assert_conformant("triton", checks=[check], profile="smoke", device=DEVICE)
+        return
+    assert_conformant("triton", checks=[check], profile="smoke", device=DEVICE)
 
 
 def test_destination_slots_on_an_allocated_state(gen):
