@@ -29,7 +29,7 @@ def run(*command, **kwargs) -> subprocess.CompletedProcess:
 def build_wheels(tmp_path_factory, out, **kwargs) -> None:
     """``scripts/build-wheels out``, one build at a time: the builds stage in the source tree's
     folders (setuptools' build/ and *.egg-info), which two at once, in pytest-xdist's processes,
-    would share. The lock lies in the folder above the session's temporary folder, which every
+    would share. The lock lies in the folder above pytest's temporary folder of the run, which every
     process of one ``pytest -n N`` run shares."""
     lock = tmp_path_factory.getbasetemp().parent / "ssu-build-wheels.lock"
     with open(lock, "w") as held:

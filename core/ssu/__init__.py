@@ -49,7 +49,7 @@ from .plugins.registry import default_registry, list_backends
 from .runtime.kernel import Kernel, open_kernel
 from .dropin import selective_state_update
 
-_moved.install()  # the old module paths (ssu.records, ssu.slot_state, ...) import as before
+_moved.install()  # the root module paths (ssu.records, ssu.slot_state, ...) import too
 
 open = open_kernel  # noqa: A001 - ``ssu.open(config, problem)`` is the public spelling
 

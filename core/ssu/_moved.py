@@ -1,7 +1,7 @@
-"""Where the modules of ssu-core's first layout live now: ``import ssu.records``, ``from ssu.slot_state
-import versions`` and every other path below keep working, and give the very module at its new
-place (one object under two names), imported only when asked for. Code in this repository uses
-the new paths; these are for backends and engines written against the old ones.
+"""Module paths at ssu's root that name modules now in a package of their job: ``import ssu.records``,
+``from ssu.slot_state import versions`` and every other path below give the very module at its
+place in its package (one object under two names), imported only when asked for. Code in this
+repository uses the package paths; these are for backends and engines written against the root ones.
 """
 
 from __future__ import annotations

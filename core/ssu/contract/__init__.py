@@ -1,7 +1,7 @@
 """The contract between the core and a backend: what both sides speak and agree on.
 
 The problem, the records and errors both sides speak, the hook spec, the typed callables a backend
-hands over (their protocols and the checks at open, importable from here as before), the option
+hands over (their protocols and the checks at open, importable from here), the option
 records and the device check every backend starts with. Imports neither torch nor any GPU library.
 """
 
