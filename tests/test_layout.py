@@ -30,6 +30,7 @@ LAYERS = {
     "ssu.checking": 5,
     "ssu.conformance": 6,
     "ssu.integrations": 6,
+    "ssu.quality": 6,
     "ssu.testing": 7,
     "ssu.bench": 7,
     "ssu.cli": 8,
