@@ -6,6 +6,10 @@ tables of docs/quality.md.
         [--gaps 1000,4000] [--drift 1000,4000,16000] [--dtypes fp32,bf16,int8,fp8_e4m3]
 
 About 15 minutes on 2 CPU cores with the defaults (the drift's 16000 steps take most of it).
+
+``--rounding stochastic`` is an experiment, not a state dtype ssu serves: the reference backend's
+8-bit rows are rounded stochastically (``floor(h / scale + u)``, u uniform in [0, 1), seeded)
+instead of to nearest, to compare the two on the same figures.
 """
 
 from __future__ import annotations
@@ -24,6 +28,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT = os.path.join(ROOT, "tests", "models", "mamba2-recall")
 
 
+def round_stochastically(seed: int = 0) -> None:
+    """Make the reference backend round int8 rows stochastically (this process only)."""
+    from ssu.contract.dtypes import QMAX
+    from ssu.state import quant
+
+    draws = torch.Generator().manual_seed(seed)
+    nearest = quant.quantize
+
+    def quantize(values, state_dtype: str):
+        if state_dtype != "int8":
+            return nearest(values, state_dtype)
+        values = values.float()
+        scale = values.abs().amax(dim=-1) / QMAX["int8"]
+        scaled = values / torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
+        noise = torch.rand(scaled.shape, generator=draws).to(scaled.device)
+        return torch.floor(scaled + noise).clamp_(-127, 127).to(torch.int8), scale
+
+    quant.quantize = quantize
+
+
 def _ints(text: str) -> list:
     return [int(v) for v in text.split(",")]
 
@@ -38,14 +62,19 @@ def main() -> None:
     p.add_argument("--gaps", type=_ints, default=[1000, 4000])
     p.add_argument("--drift", type=_ints, default=[1000, 4000, 16000], help="decode steps (default 1000,4000,16000)")
     p.add_argument("--dtypes", default="fp32,bf16,int8,fp8_e4m3")
+    p.add_argument("--rounding", choices=("nearest", "stochastic"), default="nearest", help="int8 rows' rounding")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.rounding == "stochastic":
+        if args.backend != "reference":
+            p.error("--rounding stochastic changes the reference backend's rounding: use --backend reference")
+        round_stochastically()
     lm = Mamba2LM.load(args.checkpoint, device=args.device)
     config = ssu.Config(backend=args.backend)
     dtypes = args.dtypes.split(",")
     began = time.time()
     shapes = f"H={lm.nheads} P={lm.headdim} N={lm.dstate} G={lm.ngroups}, {lm.num_layers} layers"
-    where = f"backend {args.backend} on {args.device}, torch {torch.__version__}"
+    where = f"backend {args.backend} on {args.device}, torch {torch.__version__}, int8 rounded {args.rounding}"
     print(f"model {os.path.relpath(args.checkpoint, ROOT)}: {shapes}; {where}")
     print()
     print("| prefill | gap | state | accuracy | tokens as fp32 | recitals as fp32 |")
