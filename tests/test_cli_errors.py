@@ -47,6 +47,22 @@ def one_error_line(result, code: int = 2) -> str:
         (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
         (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
         (["run", "--state-dtype", "int4"], r"--state-dtype: 'int4' is not a dtype ssu knows"),
+        (
+            ["explain", "--input-dtype", "fp8"],
+            r"--input-dtype: fp8 \(fp8_e4m3\) is not an input dtype; use one of bf16, ",
+        ),
+        (
+            ["verify", "--state-dtype", "fp32,fp9"],
+            r"--state-dtype: 'fp9' is not a dtype ssu knows; use one of fp32, bf16",
+        ),
+        (
+            ["compare", "--state-dtype", "bf16"],
+            r"--state-dtype: bf16 is not an 8-bit state dtype; use one of int8, fp8_e4m3$",
+        ),
+        (
+            ["compare", "--dtype", "half"],
+            r"--dtype: half \(fp16\) is not a dtype ssu compare loads models in; use one of fp32, bf16$",
+        ),
         (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
         (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
         (["backends", "--device", "foo"], r"--device 'foo' is not a device"),

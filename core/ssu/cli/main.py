@@ -13,7 +13,7 @@ import warnings
 from typing import Optional, Sequence
 
 from ..contract.errors import SSUError
-from .problem_args import add_problem_args, check_device, problem_from_args, require_device
+from .problem_args import add_problem_args, check_device, dtype_options, problem_from_args, require_device
 from ..contract.errors import counted
 from .usage import Parser, UsageError, spoken
 
@@ -76,7 +76,8 @@ def _parser() -> Parser:
         "--state-dtype",
         dest="state_dtypes",
         metavar="DTYPES",
-        help="draw problems of these state dtypes only, comma-separated (each one the backend declares)",
+        help="draw problems of these state dtypes only, comma-separated (each one the backend declares): "
+        "fp32, bf16, fp16, int8, fp8_e4m3",
     )
 
     p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
@@ -316,22 +317,16 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
     raise BackendUnavailableError(f"no backend of {', '.join(config.candidates)} can run here: " + "; ".join(reasons))
 
 
-def _state_dtypes(value: Optional[str], capabilities, backend: str):
-    """``--state-dtype``'s dtypes (None when not given), each known and declared by the backend."""
+def _state_dtypes(names: Optional[list], capabilities, backend: str):
+    """``--state-dtype``'s dtypes (None when not given), each declared by the backend."""
     from ..conformance.runner import narrowed
-    from ..contract.dtypes import STATE_DTYPES, dtype_name
-    from ..contract.errors import ConfigError
 
-    if value is None:
+    if names is None:
         return None
-    try:
-        names = [dtype_name(v.strip(), what="--state-dtype", valid=STATE_DTYPES) for v in value.split(",") if v.strip()]
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
     try:
         narrowed(capabilities, names, backend)
     except ValueError as exc:
-        raise UsageError(f"--state-dtype {value}: {exc}") from None
+        raise UsageError(f"--state-dtype {','.join(names)}: {exc}") from None
     return names
 
 
@@ -343,10 +338,14 @@ def cmd_verify(args) -> int:
         raise UsageError("ssu verify draws its cases with hypothesis: pip install 'ssu-core[test]'")
     from ..conformance import CHECKS, PROFILES, run_conformance
     from ..conformance.runner import device_profile
+    from ..contract.dtypes import STATE_DTYPES
     from ..plugins.registry import default_registry
 
     if args.device:
         check_device(args.device)
+    names = None
+    if args.state_dtypes is not None:
+        names = dtype_options(args.state_dtypes, "--state-dtype", STATE_DTYPES, "a state cache dtype")
     unknown = [c for c in args.checks or [] if c not in CHECKS]
     if unknown:
         raise UsageError(f"--check {unknown[0]}: no such check; the checks are {', '.join(CHECKS)}")
@@ -355,7 +354,7 @@ def cmd_verify(args) -> int:
     config = _config(args)
     registry = default_registry()
     name, device = _verified_backend(config, registry, args.device)
-    state_dtypes = _state_dtypes(args.state_dtypes, registry.load(name).spec.capabilities, name)
+    state_dtypes = _state_dtypes(names, registry.load(name).spec.capabilities, name)
     chosen = "" if config.candidates == (name,) else f" (from {', '.join(config.candidates)})"
     why = ""
     if args.profile is None:  # the device's profile, saying so and naming the larger ones
