@@ -63,6 +63,7 @@ def one_error_line(result, code: int = 2) -> str:
             ["compare", "--dtype", "half"],
             r"--dtype: half \(fp16\) is not a dtype ssu compare loads models in; use one of fp32, bf16$",
         ),
+        (["bench", "--device", "cpu", "--batches", "-1,a"], r"--batches '-1,a': give positive batch sizes"),
         (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
         (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
         (["backends", "--device", "foo"], r"--device 'foo' is not a device"),
