@@ -63,7 +63,18 @@ def one_error_line(result, code: int = 2) -> str:
             ["compare", "--dtype", "half"],
             r"--dtype: half \(fp16\) is not a dtype ssu compare loads models in; use one of fp32, bf16$",
         ),
-        (["bench", "--device", "cpu", "--batches", "-1,a"], r"--batches '-1,a': give positive batch sizes"),
+        (
+            ["bench", "--state-dtype", "fp9"],
+            r"--state-dtype: 'fp9' is not a dtype ssu knows; use one of fp32, bf16, fp16, int8, fp8_e4m3$",
+        ),
+        (
+            ["bench", "--batches", "-1,a"],
+            r"--batches -1,a: '-1' is not a batch size; give positive whole numbers, comma-separated",
+        ),
+        (
+            ["bench", "--from", "nothing.json", "--batches", "1"],
+            r"--from renders a saved run as it was measured: leave out --batches",
+        ),
         (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
         (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
         (["backends", "--device", "foo"], r"--device 'foo' is not a device"),
