@@ -189,6 +189,29 @@ def test_an_unknown_backend_in_a_file_names_the_file(tmp_path):
     assert line.startswith("ssu run: error: SSU_BACKEND: unknown backend 'refrence'")
 
 
+@pytest.mark.parametrize(
+    "name, text, args, key",
+    [
+        ("ssu.toml", "ssu = 3\n", ["check-config"], "ssu must be a table"),
+        ("ssu.toml", "[[ssu]]\n", ["run", *SMALL], "ssu must be a table"),
+        ("pyproject.toml", "tool = 3\n", ["explain"], "tool must be a table"),
+        ("pyproject.toml", '[tool]\nssu = "x"\n', ["backends", "--no-probe", "--json"], None),
+        ("pyproject.toml", '[tool]\nssu = "x"\n', ["verify"], "tool.ssu must be a table"),
+    ],
+    ids=["ssu=3", "[[ssu]]", "tool=3", "tool.ssu=x-unread", "tool.ssu=x"],
+)
+def test_a_config_whose_ssu_or_tool_is_no_table_names_the_key(tmp_path, name, text, args, key):
+    """One line naming the file and the key, exit 2, for a command that reads the configuration;
+    ``ssu backends`` reads none and runs."""
+    (tmp_path / name).write_text(text)
+    result = ssu(*args, cwd=tmp_path)
+    if key is None:
+        assert result.returncode == 0, result.stderr
+        return
+    line = one_error_line(result)
+    assert line.startswith(f"ssu {args[0]}: error: {tmp_path / name}: {key} (a [")
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA device")
 @pytest.mark.parametrize(
     "args",
