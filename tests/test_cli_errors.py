@@ -43,8 +43,30 @@ def one_error_line(result, code: int = 2) -> str:
         (["run", "--layers", "0"], r"--layers must be at least 1, got 0"),
         (["run", "--steps", "-1"], r"--steps must be at least 1, got -1"),
         (["run", "--check-every", "-2"], r"--check-every must be 0 \(never\) or more"),
-        (["run", "--nheads", "1000000"], r"this run needs about [\d.]+ GiB .* but cpu has [\d.]+ GiB available"),
-        (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
+        (
+            ["run", "--nheads", "1000000"],
+            r"this run needs about [\d.]+ GiB but cpu has [\d.]+ GiB available: "
+            r"its state, 4 layers x .* 30.5 GiB a slot",
+        ),
+        (
+            ["run", "--layers", "100000"],
+            r"needs about [\d.]+ GiB but cpu has [\d.]+ GiB available: its state, 100000 layers x 9 rows "
+            r"\(8 slots and the sink row\) x 4.0 MiB a slot, is .*; use fewer --layers, --slots or --batch, or",
+        ),
+        (
+            ["explain", "--batch", "8", "--slots", "2"],
+            r"^ssu explain: error: --batch 8 needs 8 distinct slots; --slots 2 has 2: give --slots 8 or more$",
+        ),
+        (
+            ["explain", "--nheads", "100000000"],
+            r"one layer's state for this problem needs about [\d.]+ GiB \(9 rows \(8 slots and the sink row\) x "
+            r"3051.8 GiB a slot\) but cpu has [\d.]+ GiB in all; use fewer --slots, or smaller head shapes$",
+        ),
+        (
+            ["explain", "--tokens", "100000"],
+            r"needs about 3515.7 GiB \(9 rows .* x 100001 versions \(T \+ 1 for --tokens 100000\) x 4.0 MiB a slot\)"
+            r" but cpu has [\d.]+ GiB in all; use fewer --slots or --tokens, or smaller head shapes$",
+        ),
         (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
         (["run", "--state-dtype", "int4"], r"--state-dtype: 'int4' is not a dtype ssu knows"),
         (
@@ -91,6 +113,35 @@ def test_usage_errors(args, message):
 
     line = one_error_line(ssu(*args))
     assert re.search(message, line), line
+
+
+def test_runs_memory_refusal_adds_up():
+    """Each factor of the state with its option, and parts that sum to the total."""
+    import re
+
+    line = one_error_line(ssu("run", "--tokens", "100000"))
+    numbers = r"([\d.]+) (GiB|MiB)"
+    match = re.search(
+        rf"needs about {numbers} but cpu has [\d.]+ GiB available: its state, 4 layers x 9 rows \(8 slots and "
+        rf"the sink row\) x 100001 versions \(T \+ 1 for --tokens 100000\) x 4.0 MiB a slot, is {numbers}, the "
+        rf"checks' oracle copies {numbers}, its starting states and untouched-slot copies {numbers}; use fewer "
+        r"--layers, --slots, --batch or --tokens, or smaller head shapes$",
+        line,
+    )
+    assert match, line
+    total, state, checks, copies = (
+        float(v) * (1 if unit == "GiB" else 2**-10) for v, unit in zip(*[iter(match.groups())] * 2)
+    )
+    assert state == pytest.approx(4 * 9 * 100001 * 4 / 1024, abs=0.05)
+    assert total == pytest.approx(state + checks + copies, abs=0.1)
+
+
+def test_explain_refusing_the_backend_says_so_on_stderr_as_run_does():
+    """The report on stdout, the refusal ``ssu run`` gives on stderr, exit 2."""
+    explained = ssu("explain", "--backend", "flashinfer", *SMALL)
+    line = one_error_line(explained)
+    assert "flashinfer: rejected: backend 'flashinfer' is installed but unavailable on cpu" in explained.stdout
+    assert line == one_error_line(ssu("run", "--backend", "flashinfer", *SMALL)).replace("ssu run:", "ssu explain:")
 
 
 def test_new_backend_into_an_unwritable_folder(tmp_path):

@@ -152,13 +152,25 @@ def _config(args):
 
 
 def cmd_explain(args) -> int:
-    """Print, backend by backend, why the configuration resolves to the backend it selects for the problem."""
+    """Print, backend by backend, why the configuration resolves to the backend it selects for the
+    problem. The problem passes ``ssu run``'s checks of its sizes first (a batch its slots can hold,
+    one layer's state within the device's memory); where no backend is selected, the error ``ssu
+    run`` would give goes to stderr too, and the exit code is 2, as run's."""
     from ..plugins.registry import default_registry
-    from ..plugins.resolve import explain
+    from ..plugins.resolve import explain, resolve
+    from .sizes import check_layer_fits, check_slots
 
-    resolution = explain(_config(args), problem_from_args(args), default_registry())
-    print(spoken(resolution.explain()))
-    return EXIT_OK if resolution.selected else EXIT_USAGE
+    config = _config(args)
+    problem = problem_from_args(args)
+    check_slots(problem, args.batch)
+    check_layer_fits(problem)
+    registry = default_registry()
+    resolution = explain(config, problem, registry)
+    print(spoken(resolution.explain()), flush=True)
+    if resolution.selected:
+        return EXIT_OK
+    resolve(config, problem, registry)  # raises the refusal `ssu run` prints, for main to print
+    return EXIT_USAGE  # pragma: no cover - resolve refused above
 
 
 def toml_value(value) -> str:
@@ -232,7 +244,7 @@ def cmd_check_config(args) -> int:
 
 
 def _check_run_args(args, problem) -> None:
-    from ..checking.inputs import usable_slots
+    from .sizes import check_slots
 
     for name in ("layers", "steps"):
         if getattr(args, name) < 1:
@@ -244,26 +256,7 @@ def _check_run_args(args, problem) -> None:
             f"--pad-rows must be 0 to {args.batch - 1} (at least one real row of --batch {args.batch}), "
             f"got {args.pad_rows}"
         )
-    real = args.batch - args.pad_rows
-    if real > usable_slots(problem):
-        raise UsageError(
-            f"--batch {args.batch} with --pad-rows {args.pad_rows} needs {real} distinct slots; --slots "
-            f"{problem.num_slots} has {usable_slots(problem)}: give --slots {real} or more"
-        )
-
-
-def _check_memory(problem, layers: int) -> None:
-    from .decode import memory_needed
-    from ..contract.devices import available_bytes, gib
-
-    needed = memory_needed(problem, layers)
-    available = available_bytes(problem.device)
-    if available is not None and needed > available:
-        raise UsageError(
-            f"this run needs about {gib(needed)} ({counted(layers, 'layer')} x {counted(problem.num_slots, 'slot')} of "
-            f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
-            f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes"
-        )
+    check_slots(problem, args.batch, args.pad_rows)
 
 
 def cmd_run(args) -> int:
@@ -271,11 +264,12 @@ def cmd_run(args) -> int:
     from .decode import decode_run
     from ..runtime.kernel import open_kernel
     from .progress import Progress
+    from .sizes import check_run_memory
 
     require_device(args.device)
     problem = problem_from_args(args)
     _check_run_args(args, problem)
-    _check_memory(problem, args.layers)
+    check_run_memory(problem, args.layers, checked=args.check_every > 0)
     kernel = open_kernel(_config(args), problem)
     print(f"ssu run: backend {kernel.backend} ({kernel.distribution}); {problem.describe()}", flush=True)
     bar = Progress(args.steps, "decode")
