@@ -144,6 +144,29 @@ def test_explain_refusing_the_backend_says_so_on_stderr_as_run_does():
     assert line == one_error_line(ssu("run", "--backend", "flashinfer", *SMALL)).replace("ssu run:", "ssu explain:")
 
 
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda tmp: tmp / "nonexistent", "no such folder"),
+        (lambda tmp: (tmp / "model.safetensors").write_text("x") and tmp / "model.safetensors", "not a folder"),
+        (lambda tmp: tmp, "the folder has no config.json, so it holds no transformers checkpoint"),
+    ],
+    ids=["missing", "file", "no-config"],
+)
+def test_compare_names_a_checkpoint_folder_that_holds_none(tmp_path, make, reason):
+    pytest.importorskip("transformers")
+    where = make(tmp_path)
+    line = one_error_line(ssu("compare", "--checkpoint", str(where)))
+    assert line == (
+        f"ssu compare: error: --checkpoint {where}: {reason}; give a local checkpoint folder (config.json and "
+        "weights), or --hub NAME for a model on the Hugging Face hub"
+    )
+    from ssu.integrations.hf_models import pretrained_model  # the library says it too, without the option
+
+    with pytest.raises(__import__("ssu").ConfigError, match=f"^checkpoint '{where}': {reason}; give a checkpoint"):
+        pretrained_model(str(where), hub=False)
+
+
 def test_new_backend_into_an_unwritable_folder(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

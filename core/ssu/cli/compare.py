@@ -98,6 +98,11 @@ def cmd_compare(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.new_tokens < 2:
         raise UsageError("--new-tokens must be at least 2 (the first token comes from the prefill)")
+    if args.checkpoint and hf_models.not_a_checkpoint(args.checkpoint):
+        raise UsageError(
+            f"--checkpoint {args.checkpoint}: {hf_models.not_a_checkpoint(args.checkpoint)}; give a local "
+            "checkpoint folder (config.json and weights), or --hub NAME for a model on the Hugging Face hub"
+        )
     require_device(args.device)
     config = load_config(args.config, backend=args.backend)
     model, what = _model(args)
