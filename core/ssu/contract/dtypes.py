@@ -87,7 +87,7 @@ def dtype_in(value: Any, valid: Sequence[str], *, what: str, kind: str) -> str:
     """
     name = dtype_name(value, what=what, valid=valid)
     if name not in valid:
-        spelled = name if str(value) == name else f"{value} ({name})"
+        spelled = name if str(value) == name or not isinstance(value, str) else f"{value} ({name})"
         raise ConfigError(f"{what}: {spelled} is not {kind}; use one of {', '.join(valid)}")
     return name
 
