@@ -1,4 +1,4 @@
-"""The ``ssu`` command line: outputs, exit codes (0 ok, 1 wrong, 2 usage/config), no tracebacks."""
+"""The ``ssu`` command line: outputs, exit codes (0 ok, 1 wrong, 2 usage/config, 3 internal), no tracebacks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The command line's promise, checked in a subprocess as a user meets it: exit code 0 ok, 1 results
-wrong, 2 usage or config error; an error is one line on stderr, never a traceback."""
+wrong, 2 usage or config error, 3 internal error; an error is one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
@@ -165,6 +165,30 @@ def test_compare_names_a_checkpoint_folder_that_holds_none(tmp_path, make, reaso
 
     with pytest.raises(__import__("ssu").ConfigError, match=f"^checkpoint '{where}': {reason}; give a checkpoint"):
         pretrained_model(str(where), hub=False)
+
+
+def test_an_exception_ssu_did_not_expect_is_an_internal_error_with_what_to_report(tmp_path):
+    """Exit 3, not 1 (results wrong): one line naming the exception, where it was raised and what
+    to report where; the traceback only with SSU_DEBUG=1."""
+    package = tmp_path / "crashing"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernel.py").write_text("def step(args):\n    return {}['layout']\n")
+    crash = (
+        "import sys, crashing.kernel, ssu.cli.main as m; m.cmd_backends = crashing.kernel.step; "
+        "sys.exit(m.main(['backends']))"
+    )
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    environment.pop("SSU_DEBUG", None)
+    run = dict(capture_output=True, text=True, timeout=300)
+    line = one_error_line(subprocess.run([sys.executable, "-c", crash], env=environment, **run), code=3)
+    assert line == (
+        "ssu backends: internal error (a bug in ssu or a backend, not in what you gave): KeyError: 'layout' at "
+        "crashing/kernel.py:2; report it to https://github.com/ssu-project/ssu/issues with the command line and "
+        "the traceback that SSU_DEBUG=1 prints"
+    )
+    debug = subprocess.run([sys.executable, "-c", crash], env=dict(environment, SSU_DEBUG="1"), **run)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "KeyError: 'layout'" in debug.stderr
 
 
 def test_new_backend_into_an_unwritable_folder(tmp_path):

@@ -1,7 +1,8 @@
 """``ssu``: list backends, explain a choice, check a config, run a decode, verify a backend.
 
-Exit codes: 0 ok, 1 results wrong, 2 usage or config error. Errors print one line each with its
-remedy, never a traceback (``SSU_DEBUG=1`` shows tracebacks).
+Exit codes: 0 ok, 1 results wrong, 2 usage or config error, 3 internal error (an exception ssu
+did not expect: a bug in ssu or a backend). Errors print one line each with its remedy, never a
+traceback (``SSU_DEBUG=1`` shows tracebacks).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .problem_args import add_problem_args, check_device, dtype_options, problem
 from ..contract.errors import counted
 from .usage import Parser, UsageError, spoken
 
-EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def _version() -> str:
@@ -452,6 +453,38 @@ def error_lines(prefix: str, message: str) -> str:
     return "\n".join(f"  {line}" if line[:1].isspace() else f"{prefix}{line}" for line in lines)
 
 
+def internal_error(command: str, exc: BaseException) -> str:
+    """The line an exception ssu did not expect prints: that it is an internal error, where it
+    was raised (the innermost frame: ssu's or a backend's file), and what to report where."""
+    import importlib.metadata
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {_short_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    text = str(exc).strip().splitlines()
+    what = type(exc).__name__ + (f": {text[0]}" if text else "")
+    try:
+        urls = importlib.metadata.metadata("ssu-core").get_all("Project-URL") or []
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sys.path
+        urls = []
+    issues = next((url.split(",", 1)[1].strip() for url in urls if url.lower().startswith("issues,")), None)
+    to = f" to {issues}" if issues else ""
+    return (
+        f"ssu {command}: internal error (a bug in ssu or a backend, not in what you gave): {what}{where}; "
+        f"report it{to} with the command line and the traceback that SSU_DEBUG=1 prints"
+    )
+
+
+def _short_path(filename: str) -> str:
+    """``filename`` from its top package on (``ssu/cli/main.py``, ``torch/nn/functional.py``): the
+    folders above it that hold an ``__init__.py``, else the path as it is."""
+    folder, parts = os.path.dirname(filename), [os.path.basename(filename)]
+    while folder and os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, name = os.path.split(folder)
+        parts.insert(0, name)
+    return "/".join(parts) if len(parts) > 1 else filename
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``ssu`` command: parse, dispatch, and turn ssu's errors into messages and exit codes."""
     warnings.showwarning = _show_warning
@@ -467,6 +500,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    except Exception as exc:  # anything else is ssu's (or a backend's) fault, never "results wrong"
+        if os.environ.get("SSU_DEBUG"):
+            raise
+        print(internal_error(args.command, exc), file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover
