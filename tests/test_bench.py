@@ -31,23 +31,161 @@ def test_a_machine_without_a_gpu_is_told_so():
     assert "no CUDA device" in result.stderr and "--device cpu" in result.stderr
 
 
+#: a measuring smoke run's options; ``{dir}`` in an argument is the test's folder of input files
+CPU = ["--device", "cpu", *SMALL]
+#: a saved run's one row, whole
+SAVED_ROW = {"backend": "x", "nheads": 4, "headdim": 8, "dstate": 16, "ngroups": 2, "us": 1.0}
+SAVED_RUN = {"title": "ssu bench", "ceiling_tbps": 3.0, "rows": [SAVED_ROW]}
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--batches", "0,8"], "--batches '0,8': give positive batch sizes"),
-        (["--batches", "x"], "--batches 'x'"),
+        (["--batches", "0,8"], "--batches 0,8: '0' is not a batch size; give positive whole numbers, comma-separated"),
+        (["--batches", "x"], "--batches x: 'x' is not a batch size; give positive whole numbers"),
+        (["--batches", "-1,a"], "--batches -1,a: '-1' is not a batch size; give positive whole numbers"),
+        (["--batches", ","], "--batches ',' names no batch size; give positive whole numbers"),
         (["--nheads", "0"], "--nheads must be at least 1"),
+        (["--iterations", "0"], "--iterations must be at least 1, got 0"),
+        (["--tokens", "0"], "--tokens must be at least 1, got 0"),
         (["--device", "nope"], "--device 'nope' is not a device"),
         (
             ["--state-dtype", "int4"],
-            "--state-dtype: 'int4' is not a dtype ssu knows; use one of fp32, bf16, fp16, int8",
+            "--state-dtype: 'int4' is not a dtype ssu knows; use one of fp32, bf16, fp16, int8, fp8_e4m3",
         ),
-        (["--input-dtype", "int8"], "--input-dtype: int8 is not an input dtype"),
+        (["--state-dtype", "fp32,fp9"], "--state-dtype: 'fp9' is not a dtype ssu knows; use one of fp32, bf16"),
+        (["--state-dtype", "int32"], "--state-dtype: int32 is not a state cache dtype; use one of fp32, bf16"),
+        (["--state-dtype", ","], "--state-dtype: ',' names no dtype; give one or more of fp32, bf16, fp16"),
+        (["--input-dtype", "int8"], "--input-dtype: int8 is not an input dtype; use one of bf16, fp16, fp32"),
+        (["--input-dtype", "bfloat17"], "--input-dtype: 'bfloat17' is not a dtype ssu knows; use one of bf16"),
+        (["--backends", "nosuch"], "--backends: unknown backend 'nosuch'. Installed backends: "),
+        (["--backends", "refrence"], "--backends: unknown backend 'refrence' (did you mean 'reference'?)"),
+        (["--backends", ""], "--backends '' names no backend; give backend names, comma-separated, or all"),
+        (["--backends", "flashinfer"], "--backends flashinfer: no backend to time here (flashinfer: backend"),
+        (["--ceiling", "3"], "--ceiling goes with --from (it states a saved run's rows against another copy ceiling)"),
+        (["--call", "verify", "--adopt"], "always timed on an adopted cache; leave --adopt out"),
+        (["--engine", "vllm", "--tokens", "2"], "--engine times the engine's own calls (decode, and T = 4 specul"),
+        (["--engine", "vllm", "--state-dtype", "int8"], "--state-dtype: int8 is not a state dtype the engines' ker"),
+        (["--out", "{dir}/a-file"], "--out {dir}/a-file: a file, not a folder; give a folder (made if missing)"),
+        (["--out", "{dir}/a-file/run"], "--out {dir}/a-file/run: {dir}/a-file is a file, so no folder can be made"),
     ],
 )
-def test_bad_arguments(args, message, capsys):
-    assert main(["bench", "--device", "cpu", *args]) == 2
-    assert message in capsys.readouterr().err
+def test_a_bad_option_is_one_line_before_anything_is_timed_or_written(args, message, tmp_path, monkeypatch, capsys):
+    assert_refused_before_work(CPU + args, message, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ceiling", "0"], "--ceiling 0: give the copy ceiling in TB/s, a positive number such as 3.35"),
+        (["--ceiling", "-1"], "--ceiling -1: give the copy ceiling in TB/s, a positive number"),
+        (["--ceiling", "nan"], "--ceiling nan: give the copy ceiling in TB/s, a positive number"),
+        (["--batches", "1,8"], "--from renders a saved run as it was measured: leave out --batches (they apply to"),
+        (
+            ["--state-dtype", "bf16", "--iterations", "5", "--device", "cpu", "--adopt"],
+            "leave out --state-dtype, --adopt, --iterations, --device (they apply to a run that measures; with "
+            "--from only --ceiling and --out do)",
+        ),
+        (["--out", "{dir}/a-file"], "--out {dir}/a-file: a file, not a folder"),
+    ],
+)
+def test_an_option_a_saved_run_cannot_take_is_refused(args, message, tmp_path, monkeypatch, capsys):
+    assert_refused_before_work(["--from", "{dir}/run.json", *args], message, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            None,
+            "--from {dir}/run.json: cannot read it (No such file or directory); give the bench.json that ssu "
+            "bench --out wrote",
+        ),  # fmt: skip
+        ('{"rows": [', "--from {dir}/run.json: not JSON (line 1, column 11); give the bench.json that ssu bench"),
+        (b"\x80\x81 binary", "--from {dir}/run.json: not a JSON text file; give the bench.json"),
+        ("[1, 2]", "--from {dir}/run.json: JSON, but not the rows of an ssu bench run; give the bench.json"),
+        ('{"cells": []}', "--from {dir}/run.json: an ssu bench --engine run, which --from does not render"),
+        ('{"rows": [{"backend": "x"}]}', "row 1 of the saved run has no nheads, headdim, dstate, ngroups, us"),
+        ('{"rows": [3]}', "--from {dir}/run.json: row 1 of the saved run is not a table"),
+        (
+            json.dumps({"rows": [dict(SAVED_ROW, us="fast")]}),
+            "row 1 of the saved run has no positive time in us ('fast')",
+        ),
+        (
+            json.dumps({"rows": [dict(SAVED_ROW, state_dtype="fp9")]}),
+            "row 1 of the saved run has state_dtype: 'fp9' is not a dtype ssu knows; use one of fp32",
+        ),
+        (
+            json.dumps({"rows": [SAVED_ROW], "ceiling_tbps": "x"}),
+            "--from {dir}/run.json: its ceiling_tbps 'x' is not a positive number",
+        ),
+    ],
+    ids=["missing", "truncated", "binary", "a-list", "engine-run", "no-fields", "not-a-row", "time", "dtype", "ceil"],
+)
+def test_a_file_that_is_not_a_saved_run_is_said_in_ssus_words(content, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "in").mkdir()
+    if content is not None:
+        path = tmp_path / "in" / "run.json"
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    line = assert_refused_before_work(["--from", "{dir}/run.json"], message, tmp_path, monkeypatch, capsys)
+    assert "Expecting" not in line and "codec" not in line  # the JSON parser's own words stay out
+
+
+def assert_refused_before_work(args, message, tmp_path, monkeypatch, capsys) -> str:
+    """``ssu bench ARGS --out DIR`` exits 2 with ``message`` as its one line on stderr, having
+    printed, timed and written nothing (``{dir}`` is a folder of inputs: a file ``a-file``, a saved
+    run ``run.json`` unless the test wrote one)."""
+    inputs = tmp_path / "in"
+    inputs.mkdir(exist_ok=True)
+    (inputs / "a-file").write_text("kept")
+    if not (inputs / "run.json").exists() and "--from" in args and message.find("run.json:") < 0:
+        (inputs / "run.json").write_text(json.dumps(SAVED_RUN))
+    before = sorted(p.name for p in inputs.iterdir())
+    timed = []
+    monkeypatch.setattr(measure, "measure", lambda *a, **k: timed.append(a))
+    monkeypatch.setattr(measure, "copy_ceiling_tbps", lambda *a, **k: timed.append(a))
+    argv = [a.replace("{dir}", str(inputs)) for a in args]
+    out = tmp_path / "out"
+    extra = [] if "--out" in argv else ["--out", str(out)]
+    assert main(["bench", *argv, *extra]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "", captured
+    assert message.replace("{dir}", str(inputs)) in lines[0]
+    assert lines[0].startswith("ssu bench: error: ")
+    assert not timed and not out.exists() and sorted(p.name for p in inputs.iterdir()) == before
+    assert (inputs / "a-file").read_text() == "kept"
+    return lines[0]
+
+
+def test_every_spelling_of_a_dtype_problem_takes_is_timed_under_its_own_name(tmp_path, capsys):
+    """``fp8``, torch's names and repeats: each state dtype once, the rows and files in ssu's names."""
+    from ssu.cli.bench import cmd_bench
+    from ssu.cli.main import _parser
+
+    states = "fp8,float8_e4m3fn,bfloat16,torch.float32"
+    args = ["bench", *CPU, "--backends", "reference", "--batches", "1", "--state-dtype", states, "--input-dtype",
+            "float16", "--out", str(tmp_path)]  # fmt: skip
+    assert cmd_bench(_parser().parse_args(args), timer=lambda launches, min_launches=1: 5.0) == 0
+    assert "input fp16" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(r["state_dtype"], r["input_dtype"]) for r in rows] == [
+        ("fp8_e4m3", "fp16"),
+        ("bf16", "fp16"),
+        ("fp32", "fp16"),
+    ]
+
+
+def test_a_saved_run_is_rendered_again_against_another_ceiling(tmp_path, capsys):
+    """``--from`` a run's bench.json, with ``--ceiling`` and ``--out``: the same rows, stated
+    against the ceiling given, written to the new folder."""
+    saved = tmp_path / "saved.json"
+    rows = [row("triton", 8, 18.8), row("flashinfer", 8, 21.0)]
+    report.write_json(saved, rows, {"title": "ssu bench then", "ceiling_tbps": 3.0}, {}, report.recommend(rows))
+    assert main(["bench", "--from", str(saved), "--ceiling", "4.26", "--out", str(tmp_path / "again")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ssu bench then (copy ceiling 4.26 TB/s)") and "triton" in out and "1.12x" in out
+    assert json.loads((tmp_path / "again" / "bench.json").read_text())["ceiling_tbps"] == 4.26
 
 
 def test_traffic_and_bandwidth():

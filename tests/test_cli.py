@@ -1,4 +1,4 @@
-"""The ``ssu`` command line: outputs, exit codes (0 ok, 1 wrong, 2 usage/config), no tracebacks."""
+"""The ``ssu`` command line: outputs, exit codes (0 ok, 1 wrong, 2 usage/config, 3 internal), no tracebacks."""
 
 from __future__ import annotations
 
@@ -219,6 +219,38 @@ def test_every_dtype_an_unknown_dtype_error_suggests_is_accepted(option, capsys)
     capsys.readouterr()
     assert main(["verify", "--backend", "reference", "--state-dtype", "int4"]) == 2
     assert capsys.readouterr().err.strip().endswith("use one of fp32, bf16, fp16, int8, fp8_e4m3")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["explain", *SMALL],
+        ["run", "--layers", "1", "--steps", "1", *SMALL],
+        ["verify", "--backend", "reference", "--examples", "0"],  # stops at --examples, after the dtypes
+        ["compare", "--arch", "nemotron_h", "--layers", "0"],  # stops at --layers, after the dtypes
+    ],
+    ids=["explain", "run", "verify", "compare"],
+)
+def test_every_dtype_option_takes_every_spelling_problem_takes(command, capsys):
+    """``fp8``, torch's names (``float8_e4m3fn``, ``bfloat16``, ``torch.float32``) and ssu's own
+    are one parser's: what Problem takes, every command's dtype option takes."""
+    import ssu
+
+    problem = ssu.Problem(nheads=4, headdim=8, dstate=16, state_dtype="fp8", input_dtype="bfloat16")
+    assert (problem.state_dtype, problem.input_dtype) == ("fp8_e4m3", "bf16")
+    options = {
+        "explain": ["--state-dtype", "float8_e4m3fn", "--input-dtype", "bfloat16"],
+        "run": ["--state-dtype", "fp8", "--input-dtype", "torch.float32"],
+        "verify": ["--state-dtype", "fp8,int8,float32"],
+        "compare": ["--dtype", "bfloat16", "--state-dtype", "fp8"],
+    }[command[0]]
+    code = main([*command, *options])
+    captured = capsys.readouterr()
+    if command[0] in ("explain", "run"):
+        assert code == 0, captured.err
+        assert "state=fp8_e4m3" in captured.out or "state fp8_e4m3" in captured.out, captured.out
+    else:
+        assert code == 2 and "dtype" not in captured.err, captured.err  # refused on a later option
 
 
 def test_one_of_a_thing_is_singular(capsys):

@@ -1,5 +1,5 @@
 """The command line's promise, checked in a subprocess as a user meets it: exit code 0 ok, 1 results
-wrong, 2 usage or config error; an error is one line on stderr, never a traceback."""
+wrong, 2 usage or config error, 3 internal error; an error is one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
@@ -43,10 +43,60 @@ def one_error_line(result, code: int = 2) -> str:
         (["run", "--layers", "0"], r"--layers must be at least 1, got 0"),
         (["run", "--steps", "-1"], r"--steps must be at least 1, got -1"),
         (["run", "--check-every", "-2"], r"--check-every must be 0 \(never\) or more"),
-        (["run", "--nheads", "1000000"], r"this run needs about [\d.]+ GiB .* but cpu has [\d.]+ GiB available"),
-        (["run", "--layers", "100000"], r"needs about [\d.]+ GiB \(100000 layers x 8 slots .*use fewer --layers"),
+        (
+            ["run", "--nheads", "1000000"],
+            r"this run needs about [\d.]+ GiB but cpu has [\d.]+ GiB available: "
+            r"its state, 4 layers x .* 30.5 GiB a slot",
+        ),
+        (
+            ["run", "--layers", "100000"],
+            r"needs about [\d.]+ GiB but cpu has [\d.]+ GiB available: its state, 100000 layers x 9 rows "
+            r"\(8 slots and the sink row\) x 4.0 MiB a slot, is .*; use fewer --layers, --slots or --batch, or",
+        ),
+        (
+            ["explain", "--batch", "8", "--slots", "2"],
+            r"^ssu explain: error: --batch 8 needs 8 distinct slots; --slots 2 has 2: give --slots 8 or more$",
+        ),
+        (
+            ["explain", "--nheads", "100000000"],
+            r"one layer's state for this problem needs about [\d.]+ GiB \(9 rows \(8 slots and the sink row\) x "
+            r"3051.8 GiB a slot\) but cpu has [\d.]+ GiB in all; use fewer --slots, or smaller head shapes$",
+        ),
+        (
+            ["explain", "--tokens", "100000"],
+            r"needs about 3515.7 GiB \(9 rows .* x 100001 versions \(T \+ 1 for --tokens 100000\) x 4.0 MiB a slot\)"
+            r" but cpu has [\d.]+ GiB in all; use fewer --slots or --tokens, or smaller head shapes$",
+        ),
         (["run", "--backend", "tritn"], r"unknown backend 'tritn' \(did you mean 'triton'\?\)"),
         (["run", "--state-dtype", "int4"], r"--state-dtype: 'int4' is not a dtype ssu knows"),
+        (
+            ["explain", "--input-dtype", "fp8"],
+            r"--input-dtype: fp8 \(fp8_e4m3\) is not an input dtype; use one of bf16, ",
+        ),
+        (
+            ["verify", "--state-dtype", "fp32,fp9"],
+            r"--state-dtype: 'fp9' is not a dtype ssu knows; use one of fp32, bf16",
+        ),
+        (
+            ["compare", "--state-dtype", "bf16"],
+            r"--state-dtype: bf16 is not an 8-bit state dtype; use one of int8, fp8_e4m3$",
+        ),
+        (
+            ["compare", "--dtype", "half"],
+            r"--dtype: half \(fp16\) is not a dtype ssu compare loads models in; use one of fp32, bf16$",
+        ),
+        (
+            ["bench", "--state-dtype", "fp9"],
+            r"--state-dtype: 'fp9' is not a dtype ssu knows; use one of fp32, bf16, fp16, int8, fp8_e4m3$",
+        ),
+        (
+            ["bench", "--batches", "-1,a"],
+            r"--batches -1,a: '-1' is not a batch size; give positive whole numbers, comma-separated",
+        ),
+        (
+            ["bench", "--from", "nothing.json", "--batches", "1"],
+            r"--from renders a saved run as it was measured: leave out --batches",
+        ),
         (["explain", "--batch", "0"], r"--batch must be at least 1, got 0"),
         (["explain", "--nheads", "6", "--ngroups", "4"], r"--nheads 6 is not a multiple of --ngroups 4"),
         (["backends", "--device", "foo"], r"--device 'foo' is not a device"),
@@ -63,6 +113,82 @@ def test_usage_errors(args, message):
 
     line = one_error_line(ssu(*args))
     assert re.search(message, line), line
+
+
+def test_runs_memory_refusal_adds_up():
+    """Each factor of the state with its option, and parts that sum to the total."""
+    import re
+
+    line = one_error_line(ssu("run", "--tokens", "100000"))
+    numbers = r"([\d.]+) (GiB|MiB)"
+    match = re.search(
+        rf"needs about {numbers} but cpu has [\d.]+ GiB available: its state, 4 layers x 9 rows \(8 slots and "
+        rf"the sink row\) x 100001 versions \(T \+ 1 for --tokens 100000\) x 4.0 MiB a slot, is {numbers}, the "
+        rf"checks' oracle copies {numbers}, its starting states and untouched-slot copies {numbers}; use fewer "
+        r"--layers, --slots, --batch or --tokens, or smaller head shapes$",
+        line,
+    )
+    assert match, line
+    total, state, checks, copies = (
+        float(v) * (1 if unit == "GiB" else 2**-10) for v, unit in zip(*[iter(match.groups())] * 2)
+    )
+    assert state == pytest.approx(4 * 9 * 100001 * 4 / 1024, abs=0.05)
+    assert total == pytest.approx(state + checks + copies, abs=0.1)
+
+
+def test_explain_refusing_the_backend_says_so_on_stderr_as_run_does():
+    """The report on stdout, the refusal ``ssu run`` gives on stderr, exit 2."""
+    explained = ssu("explain", "--backend", "flashinfer", *SMALL)
+    line = one_error_line(explained)
+    assert "flashinfer: rejected: backend 'flashinfer' is installed but unavailable on cpu" in explained.stdout
+    assert line == one_error_line(ssu("run", "--backend", "flashinfer", *SMALL)).replace("ssu run:", "ssu explain:")
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda tmp: tmp / "nonexistent", "no such folder"),
+        (lambda tmp: (tmp / "model.safetensors").write_text("x") and tmp / "model.safetensors", "not a folder"),
+        (lambda tmp: tmp, "the folder has no config.json, so it holds no transformers checkpoint"),
+    ],
+    ids=["missing", "file", "no-config"],
+)
+def test_compare_names_a_checkpoint_folder_that_holds_none(tmp_path, make, reason):
+    pytest.importorskip("transformers")
+    where = make(tmp_path)
+    line = one_error_line(ssu("compare", "--checkpoint", str(where)))
+    assert line == (
+        f"ssu compare: error: --checkpoint {where}: {reason}; give a local checkpoint folder (config.json and "
+        "weights), or --hub NAME for a model on the Hugging Face hub"
+    )
+    from ssu.integrations.hf_models import pretrained_model  # the library says it too, without the option
+
+    with pytest.raises(__import__("ssu").ConfigError, match=f"^checkpoint '{where}': {reason}; give a checkpoint"):
+        pretrained_model(str(where), hub=False)
+
+
+def test_an_exception_ssu_did_not_expect_is_an_internal_error_with_what_to_report(tmp_path):
+    """Exit 3, not 1 (results wrong): one line naming the exception, where it was raised and what
+    to report where; the traceback only with SSU_DEBUG=1."""
+    package = tmp_path / "crashing"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernel.py").write_text("def step(args):\n    return {}['layout']\n")
+    crash = (
+        "import sys, crashing.kernel, ssu.cli.main as m; m.cmd_backends = crashing.kernel.step; "
+        "sys.exit(m.main(['backends']))"
+    )
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    environment.pop("SSU_DEBUG", None)
+    run = dict(capture_output=True, text=True, timeout=300)
+    line = one_error_line(subprocess.run([sys.executable, "-c", crash], env=environment, **run), code=3)
+    assert line == (
+        "ssu backends: internal error (a bug in ssu or a backend, not in what you gave): KeyError: 'layout' at "
+        "crashing/kernel.py:2; report it to https://github.com/ssu-project/ssu/issues with the command line and "
+        "the traceback that SSU_DEBUG=1 prints"
+    )
+    debug = subprocess.run([sys.executable, "-c", crash], env=dict(environment, SSU_DEBUG="1"), **run)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "KeyError: 'layout'" in debug.stderr
 
 
 def test_new_backend_into_an_unwritable_folder(tmp_path):
@@ -159,6 +285,29 @@ def test_an_unknown_backend_in_a_file_names_the_file(tmp_path):
     assert f"{tmp_path / 'ssu.toml'}: backend: unknown backend 'trtion' (did you mean 'triton'?)" in line
     line = one_error_line(ssu("run", *SMALL, cwd=tmp_path, env={"SSU_BACKEND": "refrence"}))
     assert line.startswith("ssu run: error: SSU_BACKEND: unknown backend 'refrence'")
+
+
+@pytest.mark.parametrize(
+    "name, text, args, key",
+    [
+        ("ssu.toml", "ssu = 3\n", ["check-config"], "ssu must be a table"),
+        ("ssu.toml", "[[ssu]]\n", ["run", *SMALL], "ssu must be a table"),
+        ("pyproject.toml", "tool = 3\n", ["explain"], "tool must be a table"),
+        ("pyproject.toml", '[tool]\nssu = "x"\n', ["backends", "--no-probe", "--json"], None),
+        ("pyproject.toml", '[tool]\nssu = "x"\n', ["verify"], "tool.ssu must be a table"),
+    ],
+    ids=["ssu=3", "[[ssu]]", "tool=3", "tool.ssu=x-unread", "tool.ssu=x"],
+)
+def test_a_config_whose_ssu_or_tool_is_no_table_names_the_key(tmp_path, name, text, args, key):
+    """One line naming the file and the key, exit 2, for a command that reads the configuration;
+    ``ssu backends`` reads none and runs."""
+    (tmp_path / name).write_text(text)
+    result = ssu(*args, cwd=tmp_path)
+    if key is None:
+        assert result.returncode == 0, result.stderr
+        return
+    line = one_error_line(result)
+    assert line.startswith(f"ssu {args[0]}: error: {tmp_path / name}: {key} (a [")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA device")

@@ -79,6 +79,42 @@ def test_bad_files(tmp_path, text, pattern):
     assert str(path) in str(info.value)
 
 
+TABLE_FORMS = [
+    ("ssu.toml", "ssu = 3\n", "ssu must be a table (a [ssu] header with keys under it), got the integer 3"),
+    (
+        "ssu.toml",
+        "[[ssu]]\nbackend = 'x'\n",
+        "ssu must be a table (a [ssu] header with keys under it), got an array of tables ([[ssu]])",
+    ),
+    ("pyproject.toml", "tool = 3\n", "tool must be a table (a [tool] header with keys under it), got the integer 3"),
+    (
+        "pyproject.toml",
+        '[tool]\nssu = "x"\n',
+        "tool.ssu must be a table (a [tool.ssu] header with keys under it), got the string 'x'",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, text, message", TABLE_FORMS, ids=["ssu=3", "[[ssu]]", "tool=3", "tool.ssu=x"])
+def test_a_file_whose_ssu_or_tool_is_no_table_is_refused_by_key(tmp_path, monkeypatch, name, text, message):
+    """Given, or found in the working directory as an engine plugin's configuration lookup finds it."""
+    path = write(tmp_path, text, name)
+    with pytest.raises(ssu.ConfigError) as info:
+        ssu.load_config(path, env={})
+    assert str(info.value) == f"{path}: {message}"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ssu.ConfigError) as info:
+        ssu.load_config(env={})
+    assert str(info.value) == f"{path}: {message}"
+    from ssu.integrations.engines import configured  # what an engine plugin checks where it loads
+
+    monkeypatch.delenv("SSU_BACKEND", raising=False)
+
+    with pytest.raises(ssu.ConfigError) as info:
+        configured()
+    assert str(info.value) == f"{path}: {message}"
+
+
 def test_missing_file_names_its_path(tmp_path):
     with pytest.raises(ssu.ConfigError, match=f"config file not found: {tmp_path / 'nope.toml'}"):
         ssu.load_config(tmp_path / "nope.toml")

@@ -39,8 +39,18 @@ def test_options_validation():
         build(FlashInferOptions, {"algoritm": "simple"}, "ssu.backends.flashinfer")
     with pytest.raises(ssu.ConfigError, match="philox_rounds=0 is out of range"):
         build(FlashInferOptions, {"philox_rounds": 0}, "ssu.backends.flashinfer")
-    with pytest.raises(ssu.ConfigError, match="warmup_index_dtypes"):
+    with pytest.raises(
+        ssu.ConfigError,
+        match=r"^ssu\.backends\.flashinfer\.warmup_index_dtypes=\['int16'\]: 'int16' is not a dtype ssu knows; use "
+        "one of int32, int64$",
+    ):
         build(FlashInferOptions, {"warmup_index_dtypes": ["int16"]}, "ssu.backends.flashinfer")
+    with pytest.raises(ssu.ConfigError, match=r"warmup_index_dtypes=\['fp32'\]: fp32 is not a slot index dtype"):
+        build(FlashInferOptions, {"warmup_index_dtypes": ["fp32"]}, "ssu.backends.flashinfer")
+    with pytest.raises(ssu.ConfigError, match=r"warmup_index_dtypes=\[\] is not valid; use a non-empty list"):
+        build(FlashInferOptions, {"warmup_index_dtypes": []}, "ssu.backends.flashinfer")
+    spelled = {"warmup_index_dtypes": ["torch.int64", "int32", "int64"]}  # torch's names, as Problem takes them
+    assert build(FlashInferOptions, spelled, "ssu.backends.flashinfer").warmup_index_dtypes == ("int64", "int32")
 
 
 @pytest.mark.parametrize(

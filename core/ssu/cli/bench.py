@@ -6,7 +6,8 @@ import datetime
 import platform
 import sys
 
-from .problem_args import MODELS, check_device, in_option_words, require_device
+from .bench_options import MEASURING, Measuring, check_installed, check_measuring
+from .problem_args import INPUT_NAMES, MODELS, STATE_NAMES, check_device, in_option_words, require_device
 from .usage import UsageError, spoken
 
 EXIT_OK = 0
@@ -25,13 +26,19 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--headdim", type=int, help="P, head dimension")
     g.add_argument("--dstate", type=int, help="N, state dimension")
     g.add_argument("--ngroups", type=int, help="G, B/C groups")
-    g.add_argument("--state-dtype", default="fp32", help="state cache dtype(s), comma-separated (default fp32)")
-    g.add_argument("--input-dtype", default="bf16", help="input dtype (default bf16)")
-    g.add_argument("--tokens", type=int, default=1, help="tokens per sequence per step; > 1: step + commit")
+    g.add_argument(
+        "--state-dtype",
+        default=MEASURING["state_dtype"],
+        help=f"state cache dtype(s), comma-separated: {STATE_NAMES} (with --engine: fp32, bf16, fp16; default fp32)",
+    )
+    g.add_argument("--input-dtype", default=MEASURING["input_dtype"], help=f"input dtype: {INPUT_NAMES} (default bf16)")
+    g.add_argument(
+        "--tokens", type=int, default=MEASURING["tokens"], help="tokens per sequence per step; > 1: step + commit"
+    )
     g.add_argument(
         "--call",
         choices=("step", "packed", "verify"),
-        default="step",
+        default=MEASURING["call"],
         help="what to time: ssu's step (default), or an engine's call form on an adopted cache: packed (vLLM's, "
         "up to --tokens a sequence), verify (SGLang's, --tokens a row into an intermediate buffer)",
     )
@@ -50,23 +57,29 @@ def add_bench_parser(sub) -> None:
         "folder of its files (scripts/engine-kernels) instead of the installed engine",
     )
     p.add_argument("--batches", help="batch sizes (default 1,8,32,128,256,512; a --device cpu smoke run: 1,2)")
-    p.add_argument("--backends", default="all", help="comma-separated names, or all (every available backend)")
+    p.add_argument(
+        "--backends", default=MEASURING["backends"], help="comma-separated names, or all (every available backend)"
+    )
     p.add_argument("--config", help="take the backends' options from this ssu.toml / pyproject.toml")
     p.add_argument("--adopt", action="store_true", help="time steps on an adopted engine cache as well")
-    p.add_argument("--iterations", type=int, default=40, help="launches per captured CUDA graph (default 40)")
+    p.add_argument(
+        "--iterations", type=int, default=MEASURING["iterations"], help="launches per captured CUDA graph (default 40)"
+    )
     p.add_argument(
         "--device",
         default=None,
         help="cuda (default) or cuda:N; cpu: a smoke run of seconds (small shapes, wall-clock times, no advice)",
     )
-    p.add_argument("--out", help="folder for bench.json, bench.png and bench.txt")
+    p.add_argument("--out", help="folder for bench.json, bench.png and bench.txt (made if missing; checked first)")
     p.add_argument(
         "--from",
         dest="saved",
         metavar="BENCH.json",
         help="measure nothing: render a saved run again (table, plot, advice), e.g. on a machine without a GPU",
     )
-    p.add_argument("--ceiling", type=float, help="with --from: the copy ceiling in TB/s to state the rows against")
+    p.add_argument(
+        "--ceiling", type=float, help="with --from only: the copy ceiling in TB/s to state the rows against (> 0)"
+    )
 
 
 #: the head shapes of a CPU smoke run where none are given: a run of seconds, not a model's
@@ -85,23 +98,26 @@ def _problem_fields(args, smoke: bool = False) -> dict:
     return fields
 
 
-def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
-    """The backends to time, and the reason for each not timed (its ``explain`` verdict)."""
+def _candidates(args, m: Measuring, fields, config, device, required: bool = True) -> tuple[list, dict]:
+    """The backends to time, and the reason for each not timed (its ``explain`` verdict); none to
+    time is a usage error with each one's reason, before anything is timed."""
     from ..contract.errors import SSUError
     from ..contract.problem import Problem
     from ..plugins.registry import default_registry
     from ..plugins.resolve import explain
 
     registry = default_registry()
-    installed = [n for n in sorted(registry.discover()) if n != "reference" or device == "cpu"]
-    wanted = installed if args.backends == "all" else [n.strip() for n in args.backends.split(",") if n.strip()]
+    installed = sorted(registry.discover())
+    if m.backends is not None:
+        check_installed(m.backends, installed)
+    wanted = [n for n in installed if n != "reference" or device == "cpu"] if m.backends is None else m.backends
     chosen, refused = [], {}
     for name in wanted:
         try:
             problem = Problem(
                 **fields,
-                state_dtype=states[0],
-                input_dtype=args.input_dtype,
+                state_dtype=m.states[0],
+                input_dtype=m.input_dtype,
                 num_slots=2,
                 max_batch=1,
                 tokens_per_step=args.tokens,
@@ -117,51 +133,11 @@ def _candidates(args, fields, states, config, device) -> tuple[list, dict]:
             chosen.append(name)
         else:
             refused[name] = next((c.reason for c in verdict.trace if c.name == name), "not available")
+    if required and not chosen:
+        named = f"--backends {args.backends}: " if m.backends is not None else ""
+        why = "; ".join(f"{name}: {' '.join(spoken(reason).split())}" for name, reason in refused.items())
+        raise UsageError(f"{named}no backend to time here ({why or 'none installed'})")
     return chosen, refused
-
-
-def _render_saved(args) -> int:
-    """``--from``: the table, plot and advice of a saved run (its rows as measured)."""
-    import json
-    from pathlib import Path
-
-    import attrs
-
-    from ..bench import measure, report
-
-    try:
-        data = json.loads(Path(args.saved).read_text())
-        fields = {f.name for f in attrs.fields(measure.Case)}
-        rows = [
-            measure.Row(
-                measure.Case(**{k: r[k] for k in fields if k in r}),
-                r["us"],
-                r.get("commit_us"),
-                r.get("timing", "graph"),
-                tuple((r.get("traffic") or {}).items()),
-            )
-            for r in data["rows"]
-        ]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--from {args.saved}: not a saved ssu bench run ({exc})") from None
-    ceiling = args.ceiling or data.get("ceiling_tbps")
-    title = data.get("title", "ssu bench") + (f" (copy ceiling {ceiling:.2f} TB/s)" if args.ceiling else "")
-    text = report.table(rows, ceiling, data.get("refused", {}))
-    spans = report.recommend([r for r in rows if not r.case.backend.endswith("+adopted")])
-    advice = report.advice(spans, rows)
-    print(title)
-    print(text)
-    print()
-    print(advice)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
-        report.write_json(
-            out / "bench.json", rows, dict(data, title=title, ceiling_tbps=ceiling), data.get("refused", {}), spans
-        )
-        report.plot(out / "bench.png", rows, title, ceiling)
-    return EXIT_OK
 
 
 def cmd_bench(args, timer=None) -> int:
@@ -173,11 +149,12 @@ def cmd_bench(args, timer=None) -> int:
     from ..contract.errors import SSUError
 
     if args.saved:
-        return _render_saved(args)
-    if args.engine_wheel and not args.engine:
-        raise UsageError("--engine-wheel goes with --engine vllm or --engine sglang")
+        from .bench_saved import render_saved
+
+        return render_saved(args)
+    m = check_measuring(args)
     if args.engine:
-        return _bench_engine(args, timer)
+        return _bench_engine(args, m, timer)
     device = args.device or "cuda"
     check_device(device)
     if device.startswith("cuda") and not torch.cuda.is_available() and timer is None:
@@ -189,16 +166,8 @@ def cmd_bench(args, timer=None) -> int:
     if device.startswith("cuda") and timer is None:
         require_device(device)  # an index past the last GPU
     smoke = not device.startswith("cuda")
-    batches_text = args.batches or (SMOKE_BATCHES if smoke else GPU_BATCHES)
-    try:
-        batches = report.parse_batches(batches_text)
-    except ValueError:
-        raise UsageError(f"--batches {batches_text!r}: give positive batch sizes, e.g. 1,8,32,128") from None
-    if args.tokens < 1 or args.iterations < 1:
-        raise UsageError("--tokens and --iterations must be at least 1")
-    if args.call != "step" and args.adopt:
-        raise UsageError("--adopt: the engine call forms are always timed on an adopted cache; leave --adopt out")
-    states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
+    batches = m.batches or report.parse_batches(SMOKE_BATCHES if smoke else GPU_BATCHES)
+    states = m.states
     fields = _problem_fields(args, smoke)
     config = load_config(args.config)
     if "flashinfer-replayssm" not in config.backends:  # its one-kernel path; autotuning each batch takes minutes
@@ -207,7 +176,7 @@ def cmd_bench(args, timer=None) -> int:
         config = attrs.evolve(
             config, backends={**config.backends, "flashinfer-replayssm": {"autotune": False, "algorithm": "monolith"}}
         )
-    chosen, refused = _candidates(args, fields, states, config, device)
+    chosen, refused = _candidates(args, m, fields, config, device)
     if smoke:
         timer = timer or measure.wall_time_us
         interpreted = [n for n in chosen if n.startswith("triton")]
@@ -220,7 +189,7 @@ def cmd_bench(args, timer=None) -> int:
     calls = {"step": "", "packed": ", vLLM's packed call", "verify": ", SGLang's verify call"}
     title = (
         f"ssu bench {datetime.date.today()}, {on}: H={fields['nheads']} P={fields['headdim']} "
-        f"N={fields['dstate']} G={fields['ngroups']}, input {args.input_dtype}, T={args.tokens}{calls[args.call]}"
+        f"N={fields['dstate']} G={fields['ngroups']}, input {m.input_dtype}, T={args.tokens}{calls[args.call]}"
     )
     print(title, flush=True)
     ceiling = None if smoke else measure.copy_ceiling_tbps(device, timer=timer)
@@ -248,7 +217,7 @@ def cmd_bench(args, timer=None) -> int:
             fields["dstate"],
             fields["ngroups"],
             state,
-            args.input_dtype,
+            m.input_dtype,
             args.tokens,
             batch,
             adopt,
@@ -292,17 +261,17 @@ def cmd_bench(args, timer=None) -> int:
                 versions=_versions(chosen),
             )
             report.write_json(out / "bench.json", rows, meta, refused, spans)
-            plotted = report.plot(out / "bench.png", rows, title, ceiling)
+            plotted = report.plot(out / "bench.png", rows, title, ceiling) if rows else None
         except OSError as exc:
             raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
-        print(
-            f"\nwrote {out / 'bench.txt'}, {out / 'bench.json'}"
-            + (f", {out / 'bench.png'}" if plotted else " (no plot: pip install 'ssu-core[bench]' for matplotlib)")
+        no_plot = (
+            " (no plot: pip install 'ssu-core[bench]' for matplotlib)" if plotted is False else " (no plot: no row)"
         )
+        print(f"\nwrote {out / 'bench.txt'}, {out / 'bench.json'}" + (f", {out / 'bench.png'}" if plotted else no_plot))
     return EXIT_OK
 
 
-def _bench_engine(args, timer=None) -> int:
+def _bench_engine(args, m: Measuring, timer=None) -> int:
     """``--engine``: the engine's own kernel and every available ssu backend on the engine's calls."""
     import json
     from pathlib import Path
@@ -321,18 +290,12 @@ def _bench_engine(args, timer=None) -> int:
             raise UsageError("ssu bench --engine times GPU kernels and this machine has no CUDA device (--device cpu "
                              "is a smoke run in Triton's interpreter, TRITON_INTERPRET=1)")  # fmt: skip
         require_device(device)
-    if args.tokens != 1 or args.call != "step" or args.adopt:
-        raise UsageError("--engine times the engine's own calls (decode, and T = 4 speculative): leave --tokens, "
-                         "--call and --adopt out")  # fmt: skip
     try:
         kernel = engine_kernels.load(args.engine, args.engine_wheel)
     except engine_kernels.EngineKernelError as exc:
         raise UsageError(str(exc)) from None
-    try:
-        batches = report.parse_batches(args.batches or (SMOKE_BATCHES if smoke else GPU_BATCHES))
-    except ValueError:
-        raise UsageError(f"--batches {args.batches!r}: give positive batch sizes, e.g. 1,8,32,128") from None
-    states = [s.strip() for s in args.state_dtype.split(",") if s.strip()]
+    batches = m.batches or report.parse_batches(SMOKE_BATCHES if smoke else GPU_BATCHES)
+    states = m.states
     shapes = _problem_fields(args, smoke)
     from ..plugins.config import load_config
 
@@ -353,8 +316,8 @@ def _bench_engine(args, timer=None) -> int:
     for form in engines.FORMS[args.engine]:
         call = "packed" if form == "speculative" else ("tree" if form == "verify" else "step")
         tokens = engines.SPECULATIVE_TOKENS if call != "step" else 1
-        chosen, why = _candidates(type(args)(**dict(vars(args), call=call, tokens=tokens)), shapes, states, config,
-                                  device)  # fmt: skip
+        chosen, why = _candidates(type(args)(**dict(vars(args), call=call, tokens=tokens)), m, shapes, config,
+                                  device, required=False)  # fmt: skip
         serving[form] = [n for n in chosen if (n != "reference" or smoke) and n not in unfit]
         refused.update({f"{name} ({form})": reason for name, reason in why.items() if name not in unfit})
     name = args.engine
@@ -368,7 +331,7 @@ def _bench_engine(args, timer=None) -> int:
         torch.cuda.get_device_name(device))  # fmt: skip
     title = (
         f"ssu bench --engine {name} {datetime.date.today()}, {on}: H={shapes['nheads']} P={shapes['headdim']} "
-        f"N={shapes['dstate']} G={shapes['ngroups']}, input {args.input_dtype}; {name} {kernel.version}'s "
+        f"N={shapes['dstate']} G={shapes['ngroups']}, input {m.input_dtype}; {name} {kernel.version}'s "
         f"selective_state_update ({kernel.loaded})"
     )
     print(title, flush=True)
@@ -379,9 +342,9 @@ def _bench_engine(args, timer=None) -> int:
     plan = [(form, state, batch) for form in engines.FORMS[name] for state in states for batch in batches]
     for done, (form, state, batch) in enumerate(plan, 1):
         print(f"  [{done}/{len(plan)}] {form} state {state} batch {batch} ...", end="", flush=True, file=sys.stderr)
-        built = engines.build(name, form, shapes, state, args.input_dtype, batch, device)
+        built = engines.build(name, form, shapes, state, m.input_dtype, batch, device)
         tokens = engines.SPECULATIVE_TOKENS if form != "decode" else 1
-        budget = engines.budgets(state, args.input_dtype, tokens)
+        budget = engines.budgets(state, m.input_dtype, tokens)
         times, differences = [], []
         for contender in [name, *serving[form]]:
             fn = kernel.call if contender == name else calls_of[contender]

@@ -6,13 +6,16 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from .problem_args import require_device
+from .problem_args import dtype_option, require_device
+from ..contract.dtypes import QUANTIZED_STATE_DTYPES
 from ..contract.errors import counted
 from .usage import UsageError
 
 EXIT_OK, EXIT_WRONG = 0, 1
 #: what the SSU's time and share columns say where the difference from the zeros is within the noise
 NOISE = "below noise"
+#: the dtypes ``--dtype`` loads a model in
+MODEL_DTYPES = ("fp32", "bf16")
 
 
 def add_compare_parser(sub) -> None:
@@ -36,15 +39,15 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--prompt-len", type=int, default=8, help="prompt tokens per sequence (default 8)")
     p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per sequence (default 16)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (default fp32)")
+    p.add_argument("--dtype", default="fp32", help="model dtype: fp32 or bf16 (default fp32)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     p.add_argument("--config", help="ssu.toml or pyproject.toml (default: search the working directory)")
     p.add_argument("--backend", help="backend name, comma-separated fallback list, or auto")
     p.add_argument("--no-share", action="store_true", help="skip the run that measures the SSU's share of a token")
     p.add_argument(
         "--state-dtype",
-        choices=("int8", "fp8_e4m3"),
-        help="through ssu, round the model's cache after each step to what an 8-bit cache of this dtype holds "
+        help="int8 or fp8_e4m3: through ssu, round the model's cache after each step to what an 8-bit cache of "
+        "this dtype holds "
         "(its accuracy; the time per token then includes the rounding)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
@@ -77,6 +80,11 @@ def cmd_compare(args) -> int:
     """Decode one transformers model with its own SSU and through ssu; print both and how far they agree."""
     import importlib.util
 
+    args.dtype = dtype_option(args.dtype, "--dtype", MODEL_DTYPES, "a dtype ssu compare loads models in")
+    if args.state_dtype is not None:
+        args.state_dtype = dtype_option(
+            args.state_dtype, "--state-dtype", QUANTIZED_STATE_DTYPES, "an 8-bit state dtype"
+        )
     if importlib.util.find_spec("transformers") is None:
         raise UsageError("ssu compare needs transformers: pip install 'ssu-core[transformers]'")
     import torch
@@ -90,6 +98,11 @@ def cmd_compare(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.new_tokens < 2:
         raise UsageError("--new-tokens must be at least 2 (the first token comes from the prefill)")
+    if args.checkpoint and hf_models.not_a_checkpoint(args.checkpoint):
+        raise UsageError(
+            f"--checkpoint {args.checkpoint}: {hf_models.not_a_checkpoint(args.checkpoint)}; give a local "
+            "checkpoint folder (config.json and weights), or --hub NAME for a model on the Hugging Face hub"
+        )
     require_device(args.device)
     config = load_config(args.config, backend=args.backend)
     model, what = _model(args)

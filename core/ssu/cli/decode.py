@@ -96,19 +96,6 @@ class DecodeReport:
         return "\n".join(line for line in lines if line)
 
 
-def memory_needed(problem, layers: int) -> int:
-    """Bytes a decode run of ``layers`` layers allocates at its peak, about: the state (every
-    version of every slot, the sink row), the random states it starts from and the checks' copies."""
-    from ..state.slot_state import versions
-
-    p = problem
-    slot = p.nheads * p.headdim * p.dstate
-    state = layers * (p.num_slots + 1) * versions(p) * p.state_bytes_per_slot()
-    start = 2 * p.num_slots * slot * 4  # the fp32 starting states of one layer, and their rounding
-    checks = (2 + p.tokens_per_step) * p.max_batch * slot * 8 + 2 * layers * 8 * slot * 4
-    return state + start + checks
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch

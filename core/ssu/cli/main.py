@@ -1,7 +1,8 @@
 """``ssu``: list backends, explain a choice, check a config, run a decode, verify a backend.
 
-Exit codes: 0 ok, 1 results wrong, 2 usage or config error. Errors print one line each with its
-remedy, never a traceback (``SSU_DEBUG=1`` shows tracebacks).
+Exit codes: 0 ok, 1 results wrong, 2 usage or config error, 3 internal error (an exception ssu
+did not expect: a bug in ssu or a backend). Errors print one line each with its remedy, never a
+traceback (``SSU_DEBUG=1`` shows tracebacks).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import warnings
 from typing import Optional, Sequence
 
 from ..contract.errors import SSUError
-from .problem_args import add_problem_args, check_device, problem_from_args, require_device
+from .problem_args import add_problem_args, check_device, dtype_options, problem_from_args, require_device
 from ..contract.errors import counted
 from .usage import Parser, UsageError, spoken
 
-EXIT_OK, EXIT_WRONG, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def _version() -> str:
@@ -76,7 +77,8 @@ def _parser() -> Parser:
         "--state-dtype",
         dest="state_dtypes",
         metavar="DTYPES",
-        help="draw problems of these state dtypes only, comma-separated (each one the backend declares)",
+        help="draw problems of these state dtypes only, comma-separated (each one the backend declares): "
+        "fp32, bf16, fp16, int8, fp8_e4m3",
     )
 
     p = sub.add_parser("new-backend", help="write a ready-to-install backend distribution (passes the suite as is)")
@@ -151,13 +153,25 @@ def _config(args):
 
 
 def cmd_explain(args) -> int:
-    """Print, backend by backend, why the configuration resolves to the backend it selects for the problem."""
+    """Print, backend by backend, why the configuration resolves to the backend it selects for the
+    problem. The problem passes ``ssu run``'s checks of its sizes first (a batch its slots can hold,
+    one layer's state within the device's memory); where no backend is selected, the error ``ssu
+    run`` would give goes to stderr too, and the exit code is 2, as run's."""
     from ..plugins.registry import default_registry
-    from ..plugins.resolve import explain
+    from ..plugins.resolve import explain, resolve
+    from .sizes import check_layer_fits, check_slots
 
-    resolution = explain(_config(args), problem_from_args(args), default_registry())
-    print(spoken(resolution.explain()))
-    return EXIT_OK if resolution.selected else EXIT_USAGE
+    config = _config(args)
+    problem = problem_from_args(args)
+    check_slots(problem, args.batch)
+    check_layer_fits(problem)
+    registry = default_registry()
+    resolution = explain(config, problem, registry)
+    print(spoken(resolution.explain()), flush=True)
+    if resolution.selected:
+        return EXIT_OK
+    resolve(config, problem, registry)  # raises the refusal `ssu run` prints, for main to print
+    return EXIT_USAGE  # pragma: no cover - resolve refused above
 
 
 def toml_value(value) -> str:
@@ -231,7 +245,7 @@ def cmd_check_config(args) -> int:
 
 
 def _check_run_args(args, problem) -> None:
-    from ..checking.inputs import usable_slots
+    from .sizes import check_slots
 
     for name in ("layers", "steps"):
         if getattr(args, name) < 1:
@@ -243,26 +257,7 @@ def _check_run_args(args, problem) -> None:
             f"--pad-rows must be 0 to {args.batch - 1} (at least one real row of --batch {args.batch}), "
             f"got {args.pad_rows}"
         )
-    real = args.batch - args.pad_rows
-    if real > usable_slots(problem):
-        raise UsageError(
-            f"--batch {args.batch} with --pad-rows {args.pad_rows} needs {real} distinct slots; --slots "
-            f"{problem.num_slots} has {usable_slots(problem)}: give --slots {real} or more"
-        )
-
-
-def _check_memory(problem, layers: int) -> None:
-    from .decode import memory_needed
-    from ..contract.devices import available_bytes, gib
-
-    needed = memory_needed(problem, layers)
-    available = available_bytes(problem.device)
-    if available is not None and needed > available:
-        raise UsageError(
-            f"this run needs about {gib(needed)} ({counted(layers, 'layer')} x {counted(problem.num_slots, 'slot')} of "
-            f"{gib(problem.state_bytes_per_slot())} each, plus its checks) but {problem.device} has "
-            f"{gib(available)} available; use fewer --layers or --slots, or smaller head shapes"
-        )
+    check_slots(problem, args.batch, args.pad_rows)
 
 
 def cmd_run(args) -> int:
@@ -270,11 +265,12 @@ def cmd_run(args) -> int:
     from .decode import decode_run
     from ..runtime.kernel import open_kernel
     from .progress import Progress
+    from .sizes import check_run_memory
 
     require_device(args.device)
     problem = problem_from_args(args)
     _check_run_args(args, problem)
-    _check_memory(problem, args.layers)
+    check_run_memory(problem, args.layers, checked=args.check_every > 0)
     kernel = open_kernel(_config(args), problem)
     print(f"ssu run: backend {kernel.backend} ({kernel.distribution}); {problem.describe()}", flush=True)
     bar = Progress(args.steps, "decode")
@@ -316,22 +312,16 @@ def _verified_backend(config, registry, device: Optional[str]) -> tuple[str, str
     raise BackendUnavailableError(f"no backend of {', '.join(config.candidates)} can run here: " + "; ".join(reasons))
 
 
-def _state_dtypes(value: Optional[str], capabilities, backend: str):
-    """``--state-dtype``'s dtypes (None when not given), each known and declared by the backend."""
+def _state_dtypes(names: Optional[list], capabilities, backend: str):
+    """``--state-dtype``'s dtypes (None when not given), each declared by the backend."""
     from ..conformance.runner import narrowed
-    from ..contract.dtypes import STATE_DTYPES, dtype_name
-    from ..contract.errors import ConfigError
 
-    if value is None:
+    if names is None:
         return None
-    try:
-        names = [dtype_name(v.strip(), what="--state-dtype", valid=STATE_DTYPES) for v in value.split(",") if v.strip()]
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
     try:
         narrowed(capabilities, names, backend)
     except ValueError as exc:
-        raise UsageError(f"--state-dtype {value}: {exc}") from None
+        raise UsageError(f"--state-dtype {','.join(names)}: {exc}") from None
     return names
 
 
@@ -343,10 +333,14 @@ def cmd_verify(args) -> int:
         raise UsageError("ssu verify draws its cases with hypothesis: pip install 'ssu-core[test]'")
     from ..conformance import CHECKS, PROFILES, run_conformance
     from ..conformance.runner import device_profile
+    from ..contract.dtypes import STATE_DTYPES
     from ..plugins.registry import default_registry
 
     if args.device:
         check_device(args.device)
+    names = None
+    if args.state_dtypes is not None:
+        names = dtype_options(args.state_dtypes, "--state-dtype", STATE_DTYPES, "a state cache dtype")
     unknown = [c for c in args.checks or [] if c not in CHECKS]
     if unknown:
         raise UsageError(f"--check {unknown[0]}: no such check; the checks are {', '.join(CHECKS)}")
@@ -355,7 +349,7 @@ def cmd_verify(args) -> int:
     config = _config(args)
     registry = default_registry()
     name, device = _verified_backend(config, registry, args.device)
-    state_dtypes = _state_dtypes(args.state_dtypes, registry.load(name).spec.capabilities, name)
+    state_dtypes = _state_dtypes(names, registry.load(name).spec.capabilities, name)
     chosen = "" if config.candidates == (name,) else f" (from {', '.join(config.candidates)})"
     why = ""
     if args.profile is None:  # the device's profile, saying so and naming the larger ones
@@ -459,6 +453,38 @@ def error_lines(prefix: str, message: str) -> str:
     return "\n".join(f"  {line}" if line[:1].isspace() else f"{prefix}{line}" for line in lines)
 
 
+def internal_error(command: str, exc: BaseException) -> str:
+    """The line an exception ssu did not expect prints: that it is an internal error, where it
+    was raised (the innermost frame: ssu's or a backend's file), and what to report where."""
+    import importlib.metadata
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {_short_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    text = str(exc).strip().splitlines()
+    what = type(exc).__name__ + (f": {text[0]}" if text else "")
+    try:
+        urls = importlib.metadata.metadata("ssu-core").get_all("Project-URL") or []
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sys.path
+        urls = []
+    issues = next((url.split(",", 1)[1].strip() for url in urls if url.lower().startswith("issues,")), None)
+    to = f" to {issues}" if issues else ""
+    return (
+        f"ssu {command}: internal error (a bug in ssu or a backend, not in what you gave): {what}{where}; "
+        f"report it{to} with the command line and the traceback that SSU_DEBUG=1 prints"
+    )
+
+
+def _short_path(filename: str) -> str:
+    """``filename`` from its top package on (``ssu/cli/main.py``, ``torch/nn/functional.py``): the
+    folders above it that hold an ``__init__.py``, else the path as it is."""
+    folder, parts = os.path.dirname(filename), [os.path.basename(filename)]
+    while folder and os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, name = os.path.split(folder)
+        parts.insert(0, name)
+    return "/".join(parts) if len(parts) > 1 else filename
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``ssu`` command: parse, dispatch, and turn ssu's errors into messages and exit codes."""
     warnings.showwarning = _show_warning
@@ -474,6 +500,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    except Exception as exc:  # anything else is ssu's (or a backend's) fault, never "results wrong"
+        if os.environ.get("SSU_DEBUG"):
+            raise
+        print(internal_error(args.command, exc), file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

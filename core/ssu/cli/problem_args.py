@@ -4,7 +4,9 @@ names the user typed (``--batch``, not ``Problem.max_batch``)."""
 from __future__ import annotations
 
 import argparse
+from typing import Sequence
 
+from ..contract.dtypes import INPUT_DTYPES, STATE_DTYPES
 from ..integrations.shapes import MODEL_SHAPES
 from .usage import UsageError
 
@@ -13,6 +15,9 @@ MODELS = MODEL_SHAPES
 
 #: the options whose value must be a positive integer when given
 POSITIVE = ("nheads", "headdim", "dstate", "ngroups", "batch", "slots", "tokens")
+
+#: the dtype names the options take, for their help (each also in torch's spelling: bfloat16, float8_e4m3fn ...)
+STATE_NAMES, INPUT_NAMES = ", ".join(STATE_DTYPES), ", ".join(INPUT_DTYPES)
 
 
 def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4) -> None:
@@ -23,14 +28,35 @@ def add_problem_args(parser: argparse.ArgumentParser, *, batch_default: int = 4)
     g.add_argument("--headdim", type=int, help="P, head dimension")
     g.add_argument("--dstate", type=int, help="N, state dimension")
     g.add_argument("--ngroups", type=int, help="G, B/C groups")
-    g.add_argument(
-        "--state-dtype", default="fp32", help="state cache dtype: fp32, bf16, fp16, int8, fp8_e4m3 (default fp32)"
-    )
-    g.add_argument("--input-dtype", default="bf16", help="input dtype: bf16, fp16, fp32 (default bf16)")
+    g.add_argument("--state-dtype", default="fp32", help=f"state cache dtype: {STATE_NAMES} (default fp32)")
+    g.add_argument("--input-dtype", default="bf16", help=f"input dtype: {INPUT_NAMES} (default bf16)")
     g.add_argument("--batch", type=int, default=batch_default, help=f"sequences per step (default {batch_default})")
     g.add_argument("--slots", type=int, help="cache slots (default: 2 x batch)")
     g.add_argument("--tokens", type=int, default=1, help="tokens per sequence per step; > 1 means speculative")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default cpu)")
+
+
+def dtype_option(value: str, option: str, valid: Sequence[str], kind: str) -> str:
+    """The canonical name of an option's dtype (any spelling :func:`ssu.contract.dtypes.dtype_in`
+    takes, as ``Problem`` does), else a usage error naming ``option`` and the names it takes."""
+    from ..contract.dtypes import dtype_in
+    from ..contract.errors import ConfigError
+
+    try:
+        return dtype_in(value, valid, what=option, kind=kind)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def dtype_options(value: str, option: str, valid: Sequence[str], kind: str) -> list[str]:
+    """An option's comma-separated dtypes, each as :func:`dtype_option` takes it, without repeats."""
+    from ..contract.dtypes import dtype_list
+    from ..contract.errors import ConfigError
+
+    try:
+        return dtype_list(value, valid, what=option, kind=kind)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_device(device: str, option: str = "--device") -> str:
@@ -66,6 +92,8 @@ def problem_from_args(args: argparse.Namespace):
         if value is not None and value < 1:
             raise UsageError(f"--{name} must be at least 1, got {value}")
     check_device(args.device)
+    state_dtype = dtype_option(args.state_dtype, "--state-dtype", STATE_DTYPES, "a state cache dtype")
+    input_dtype = dtype_option(args.input_dtype, "--input-dtype", INPUT_DTYPES, "an input dtype")
     shapes = dict(MODELS[args.model])
     for key in shapes:
         value = getattr(args, key)
@@ -74,8 +102,8 @@ def problem_from_args(args: argparse.Namespace):
     try:
         return Problem(
             **shapes,
-            state_dtype=args.state_dtype,
-            input_dtype=args.input_dtype,
+            state_dtype=state_dtype,
+            input_dtype=input_dtype,
             num_slots=args.slots if args.slots is not None else 2 * args.batch,
             max_batch=args.batch,
             tokens_per_step=args.tokens,

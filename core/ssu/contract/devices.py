@@ -58,6 +58,23 @@ def available_bytes(device: str):
     return None
 
 
+def total_bytes(device: str):
+    """Bytes ``device`` has in all (a GPU's memory, the host's), or None where that cannot be told."""
+    kind = str(device).split(":", 1)[0]
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info(device)[1]
+    if kind == "cpu":
+        import os
+
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
 def gib(n: int) -> str:
     """``n`` bytes as GiB with one decimal (MiB below one GiB)."""
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -75,6 +75,42 @@ def dtype_name(value: Any, *, what: str = "dtype", valid: Optional[Sequence[str]
     raise ConfigError(f"{what}: {value!r} is not a dtype ssu knows; use one of {names}")
 
 
+def dtype_in(value: Any, valid: Sequence[str], *, what: str, kind: str) -> str:
+    """The canonical name of ``value`` if it is one of ``valid``, in any spelling ssu knows
+    (``fp8``, ``float8_e4m3fn``, ``torch.bfloat16``, a ``torch.dtype``). The one parser of every
+    field, option and setting that takes a dtype name, so that each takes the same spellings and
+    refuses the others alike: ``what`` names it in the error, ``kind`` says what the dtype must
+    be ("a state cache dtype"), and the remedy lists ``valid``.
+
+    >>> dtype_in("fp8", STATE_DTYPES, what="state_dtype", kind="a state cache dtype")
+    'fp8_e4m3'
+    """
+    name = dtype_name(value, what=what, valid=valid)
+    if name not in valid:
+        spelled = name if str(value) == name or not isinstance(value, str) else f"{value} ({name})"
+        raise ConfigError(f"{what}: {spelled} is not {kind}; use one of {', '.join(valid)}")
+    return name
+
+
+def dtype_list(text: str, valid: Sequence[str], *, what: str, kind: str) -> list[str]:
+    """``"fp32,bfloat16"`` -> ``["fp32", "bf16"]``: comma-separated names, each as :func:`dtype_in`
+    takes it, in the order given without repeats; at least one.
+
+    >>> dtype_list("fp32, bfloat16,float32", STATE_DTYPES, what="states", kind="a state cache dtype")
+    ['fp32', 'bf16']
+    """
+    names = []
+    for item in str(text).split(","):
+        if item.strip():
+            name = dtype_in(item.strip(), valid, what=what, kind=kind)
+            names += [name] if name not in names else []
+    if not names:
+        raise ConfigError(
+            f"{what}: {str(text)!r} names no dtype; give one or more of {', '.join(valid)}, comma-separated"
+        )
+    return names
+
+
 def to_torch(name: str):
     """The ``torch.dtype`` for a canonical name (imports torch)."""
     import torch

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import attrs
 
-from .dtypes import INPUT_DTYPES, STATE_DTYPES, dtype_name
+from .dtypes import INPUT_DTYPES, STATE_DTYPES, dtype_in
 from .errors import ConfigError
 
 #: the engines' call forms a backend may serve (docs/spec.md, "Engine call forms"), and what each is
@@ -23,19 +23,11 @@ def _positive(instance, attribute, value) -> None:
 
 
 def _state_dtype(value: Any) -> str:
-    name = dtype_name(value, what="Problem.state_dtype", valid=STATE_DTYPES)
-    if name not in STATE_DTYPES:
-        raise ConfigError(
-            f"Problem.state_dtype: {name} is not a state cache dtype; use one of {', '.join(STATE_DTYPES)}"
-        )
-    return name
+    return dtype_in(value, STATE_DTYPES, what="Problem.state_dtype", kind="a state cache dtype")
 
 
 def _input_dtype(value: Any) -> str:
-    name = dtype_name(value, what="Problem.input_dtype", valid=INPUT_DTYPES)
-    if name not in INPUT_DTYPES:
-        raise ConfigError(f"Problem.input_dtype: {name} is not an input dtype; use one of {', '.join(INPUT_DTYPES)}")
-    return name
+    return dtype_in(value, INPUT_DTYPES, what="Problem.input_dtype", kind="an input dtype")
 
 
 def _integer(instance, attribute, value) -> None:

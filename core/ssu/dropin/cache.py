@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
-from ..contract.errors import BackendUnavailableError, InputError, NotServedError
+from ..contract.errors import BackendUnavailableError, InputError, NotServedError, counted
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -37,11 +37,18 @@ class _Adopted:
     lanes: list = attrs.Factory(list)
     #: lanes asked for so far; none is asked for beyond :data:`LANE_BINDS`
     binds: int = 0
+    #: whether a call on this tensor was told of rows served as padding (:func:`_warn_padded`)
+    warned: bool = False
+    num_slots: int = 0
+    #: whether the kernel's fault record is read for free (on the CPU) after each call with slot ids
+    host: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.step = self.kernel.step
         self.max_batch = self.kernel.problem.max_batch
         self.pad_slot_id = self.kernel.problem.pad_slot_id
+        self.num_slots = self.kernel.problem.num_slots
+        self.host = self.kernel.problem.device == "cpu"
 
 
 _configs: dict = {}  # id(config) -> the Config used (None: the loaded one)
@@ -83,10 +90,12 @@ def after_cache_lanes(
     ``out`` given): for a caller that tries those lanes itself (the transformers patch), so that
     a call every lane declines does not try them twice. The arguments are
     :func:`selective_state_update`'s."""
-    plain = state_batch_indices is None and dst_state_batch_indices is None and out is None
+    ids = state_batch_indices is not None or dst_state_batch_indices is not None
+    plain = not ids and out is None
     entry = _adopted.get((id(state), id(config)))
     b = x.shape[0]
-    if entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id:
+    fresh = entry is None or entry.tensor() is not state or b > entry.max_batch or entry.pad_slot_id != pad_slot_id
+    if fresh:
         entry = _prepare(state, x, B, pad_slot_id, config, params=(dt, A, D, dt_bias))
     if plain:
         for lane in entry.lanes:
@@ -97,12 +106,97 @@ def after_cache_lanes(
         state_batch_indices = _rows.get((b, entry.kernel.problem.device))
         if state_batch_indices is None:
             state_batch_indices = _default_rows(b, entry, pad_slot_id)
+        if b > entry.num_slots and not entry.warned:  # rows past the cache: known on the host
+            _warn_padded(
+                entry,
+                b - entry.num_slots,
+                b,
+                f"without state_batch_indices row b uses slot b, and the cache has {counted(entry.num_slots, 'slot')}, "
+                f"none for rows {entry.num_slots}..{b - 1}",
+                f"Pass state_batch_indices, or a cache of {b} slots or more",
+                stacklevel=4,
+            )
     y = entry.step(
         entry.state, x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus, out, 0, dst_state_batch_indices
     )
+    if ids and not entry.warned and (entry.host or fresh):
+        _warn_ids_outside(entry, state_batch_indices, dst_state_batch_indices)
     if plain and entry.binds < LANE_BINDS:
         _bind_lane(entry, (id(config), pad_slot_id), x, dt, A, B, C, state_batch_indices, D, z, dt_bias, dt_softplus)
     return y
+
+
+def not_a_tensor(**named) -> InputError:
+    """The error of a call whose first argument of ``named`` that is no tensor is read as one."""
+    import torch
+
+    dims = {"x": " (batch, H, P), or (batch, T, H, P) for SGLang's verify call"}
+    for name, value in named.items():
+        if value is not None or name == "x":
+            if not isinstance(value, torch.Tensor):
+                return InputError(f"{name}: expected a torch.Tensor{dims.get(name, '')}, got {type(value).__name__}")
+    return InputError("x, state_batch_indices, dst_state_batch_indices: expected torch.Tensors")
+
+
+def _warn_padded(entry: _Adopted, count: int, batch: int, why: str, remedy: str, stacklevel: int) -> None:
+    """Say once per cache tensor that ``count`` of a call's ``batch`` rows were served as pad rows
+    (docs/spec.md, "Pad rows, and ids that name no slot"), ``why``, and where the caller, who holds
+    no kernel, sees them."""
+    import warnings
+
+    from ..contract.errors import SSUWarning
+
+    entry.warned = True
+    warnings.warn(
+        f"ssu.selective_state_update served {counted(count, 'row')} of a call's {batch} as pad rows (a zero state "
+        f"read, no state written, the output written): {why}; said once per cache. {remedy}; "
+        "ssu.dropin.kernel_for(cache).check() raises naming the first such row since it last checked (it reads "
+        'the kernel\'s fault record: on CUDA a synchronisation), and validate = "full" refuses such ids before '
+        "the step",
+        SSUWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def _warn_ids_outside(entry: _Adopted, slots, dst_slots) -> None:
+    """:func:`_warn_padded` for a call whose slot ids (or destinations) name no slot of the cache.
+
+    The kernel's fault record (:mod:`ssu.state.faults`) says whether any call met such an id; it
+    lives on the cache's device, and reading it from a CUDA device synchronises the host. So it is
+    read after every call on a CPU cache (where reading is free), but on CUDA only after a
+    tensor's first call, the slow path that adopts it (never while a CUDA graph is captured): a
+    later call's ids outside a CUDA cache are served as pad rows, recorded, and reported by
+    ``ssu.dropin.kernel_for(cache).check()``, and ``validate = "full"`` refuses them. Where the
+    record holds a fault, this call's ids are counted (the record keeps only the first row of
+    all calls since the last check), and a record set by another tensor's call says nothing here."""
+    import torch
+
+    from ..state import faults
+
+    if not entry.host and torch.cuda.is_current_stream_capturing():
+        return
+    if int(entry.kernel._ctx.faults.item()) == faults.NO_FAULT:
+        return
+    bad = {}
+    for name, ids in (("state_batch_indices", slots), ("dst_state_batch_indices", dst_slots)):
+        if ids is not None:
+            bad[name] = faults.outside(ids, entry.num_slots, entry.pad_slot_id)
+    rows = torch.stack(list(bad.values())).any(0)
+    count = int(rows.sum())
+    if not count:
+        return
+    name, mask = next((n, m) for n, m in bad.items() if bool(m.any()))
+    row = int(mask.nonzero()[0, 0])
+    value = int((slots if name == "state_batch_indices" else dst_slots)[row])
+    _warn_padded(
+        entry,
+        count,
+        rows.shape[0],
+        f"their ids name no slot of the cache (slots 0..{entry.num_slots - 1}) nor the pad id {entry.pad_slot_id}, "
+        f"the first: {name}[{row}] = {value}",
+        "Fix the caller's slot ids",
+        stacklevel=5,
+    )
 
 
 #: lanes asked of a kernel per adopted tensor, at most (a layout its lanes keep declining, such as
@@ -274,6 +368,8 @@ def _prepare(
             listener(kernel)
     key = (id(state), id(config)) if form == "step" else (id(state), id(config), form)
     entry = _Adopted(weakref.ref(state, lambda _, key=key: _adopted.pop(key, None)), kernel, adopted)
+    before = _adopted.get(key)
+    entry.warned = before is not None and before.tensor() is state and before.warned  # once per tensor
     _adopted[key] = entry
     return entry
 

@@ -22,7 +22,10 @@ parameters pass as they come, per head or expanded over P and N with stride 0 (M
 argument.
 
 Pad rows follow ssu's rule: a row whose slot is ``pad_slot_id`` reads a zero state, writes no
-state and still writes its output row (mamba_ssm writes zeros there).
+state and still writes its output row (mamba_ssm writes zeros there). A row whose id names no slot
+of the cache (or, without slot ids, a row past the cache's last slot) is served as one and
+recorded, and the first such call on a cache tensor warns (:class:`ssu.SSUWarning`; when the
+record is read, and why not at every call on CUDA: ``ssu.dropin.cache._warn_ids_outside``).
 """
 
 from __future__ import annotations
@@ -79,19 +82,25 @@ def selective_state_update(
     ``intermediate_states_buffer`` (with ``cache_steps``), ``intermediate_state_indices`` and
     ``retrieve_parent_token``.
     """
-    if (
-        num_accepted_tokens is not None
-        or cu_seqlens is not None
-        or null_block_id is not None
-        or disable_state_update
-        or intermediate_states_buffer is not None
-        or retrieve_parent_token is not None
-        or intermediate_state_indices is not None
-        or cache_steps is not None
-        or x.dim() == 4
-        or (state_batch_indices is not None and state_batch_indices.dim() != 1)
-        or (dst_state_batch_indices is not None and dst_state_batch_indices.dim() != 1)
-    ):
+    try:  # free unless it raises: x and the slot ids are read before anything checks them
+        engine = (
+            num_accepted_tokens is not None
+            or cu_seqlens is not None
+            or null_block_id is not None
+            or disable_state_update
+            or intermediate_states_buffer is not None
+            or retrieve_parent_token is not None
+            or intermediate_state_indices is not None
+            or cache_steps is not None
+            or x.dim() == 4
+            or (state_batch_indices is not None and state_batch_indices.dim() != 1)
+            or (dst_state_batch_indices is not None and dst_state_batch_indices.dim() != 1)
+        )
+    except AttributeError:
+        raise cache.not_a_tensor(
+            x=x, state_batch_indices=state_batch_indices, dst_state_batch_indices=dst_state_batch_indices
+        ) from None
+    if engine:
         return engine_call(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dst_state_batch_indices,
             pad_slot_id, out, null_block_id=null_block_id, num_accepted_tokens=num_accepted_tokens,

@@ -147,12 +147,31 @@ def random_model(
     return model.eval()
 
 
+def not_a_checkpoint(where: str):
+    """Why the local folder ``where`` holds no checkpoint (not there, not a folder, no
+    ``config.json``), or None where it may: said before transformers, which takes a path that is
+    not a folder for a hub name and answers with the hub's rules for names."""
+    import os
+
+    if not os.path.exists(where):
+        return "no such folder"
+    if not os.path.isdir(where):
+        return "not a folder"
+    if not os.path.isfile(os.path.join(where, "config.json")):
+        return "the folder has no config.json, so it holds no transformers checkpoint"
+    return None
+
+
 def pretrained_model(where: str, *, hub: bool, dtype=None, device: str = "cpu"):
     """A checkpoint: a local folder, or (``hub``) a name on the Hugging Face hub, downloaded if
     needed; a folder that is not there, or a hub that cannot be reached, is a clear error."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    if not hub and not_a_checkpoint(where):
+        raise ConfigError(
+            f"checkpoint {where!r}: {not_a_checkpoint(where)}; give a checkpoint folder (config.json and weights)"
+        )
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype or torch.float32, local_files_only=not hub)
     except OSError as exc:

@@ -221,14 +221,11 @@ def patch(model, config=None, *, state_rounding: Optional[str] = None, **options
     if config is None:
         config = Config(**options) if options else load_config()
     if state_rounding is not None:
-        from ..contract.dtypes import QUANTIZED_STATE_DTYPES, dtype_name
+        from ..contract.dtypes import QUANTIZED_STATE_DTYPES, dtype_in
 
-        state_rounding = dtype_name(state_rounding, what="state_rounding", valid=QUANTIZED_STATE_DTYPES)
-        if state_rounding not in QUANTIZED_STATE_DTYPES:
-            raise ConfigError(
-                f"state_rounding: {state_rounding} is not an 8-bit state dtype; use one of "
-                f"{', '.join(QUANTIZED_STATE_DTYPES)} (or leave it out)"
-            )
+        state_rounding = dtype_in(
+            state_rounding, QUANTIZED_STATE_DTYPES, what="state_rounding", kind="an 8-bit state dtype"
+        )
     mixers = find_mixers(model)
     _check_served(mixers, config)
     modules = sorted({type(m).__module__ for _, m in mixers})

@@ -113,10 +113,36 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 
 
+def _spelled(value: Any, dotted: str) -> str:
+    """What a TOML value is, as a file spells it, for a message that says it is the wrong kind."""
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        return f"an array of tables ([[{dotted}]])"
+    if isinstance(value, list):
+        return f"an array {value!r}"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    kind = {int: "integer", float: "number"}.get(type(value), type(value).__name__)
+    return f"the {kind} {value!r}"
+
+
+def _must_be_table(path: Path, data: Mapping, key: str, dotted: str) -> Any:
+    """``data[key]`` (None if absent), which must be a table: a file holding, say, ``ssu = 3`` or
+    ``[[ssu]]`` gets one ConfigError naming the file and the key rather than failing on the value."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{path}: {dotted} must be a table (a [{dotted}] header with keys under it), got {_spelled(value, dotted)}"
+        )
+    return value
+
+
 def _table(path: Path, data: dict) -> tuple[dict, str]:
     """The ssu table of a parsed file and its dotted path."""
     if path.name == "pyproject.toml":
-        table = data.get("tool", {}).get("ssu")
+        tool = _must_be_table(path, data, "tool", "tool")
+        table = None if tool is None else _must_be_table(path, tool, "ssu", "tool.ssu")
         if table is None:
             raise ConfigError(f'{path}: no [tool.ssu] table; add one, e.g. [tool.ssu] backend = "reference"')
         return table, "tool.ssu"
@@ -128,12 +154,13 @@ def _table(path: Path, data: dict) -> tuple[dict, str]:
         raise ConfigError(f"{path}: unknown top-level key {extra[0]!r}{hint}; an ssu.toml holds one [ssu] table")
     if "ssu" not in data:
         raise ConfigError(f"{path}: no [ssu] table; start the file with [ssu]")
-    return data["ssu"], "ssu"
+    return _must_be_table(path, data, "ssu", "ssu"), "ssu"
 
 
 def find_config_file(directory: Optional[Path] = None) -> Optional[Path]:
     """``ssu.toml`` in ``directory`` (default: the working directory), else a ``pyproject.toml``
-    there that has a ``[tool.ssu]`` table, else ``None``."""
+    there that has a ``[tool.ssu]`` table, else ``None``. A ``pyproject.toml`` whose ``tool`` or
+    ``tool.ssu`` is not a table is found too, so that :func:`load_config` refuses it by name."""
     directory = Path.cwd() if directory is None else directory
     candidate = directory / "ssu.toml"
     if candidate.is_file():
@@ -141,10 +168,11 @@ def find_config_file(directory: Optional[Path] = None) -> Optional[Path]:
     candidate = directory / "pyproject.toml"
     if candidate.is_file():
         try:
-            if "ssu" in tomllib.loads(candidate.read_text("utf-8")).get("tool", {}):
-                return candidate
+            tool = tomllib.loads(candidate.read_text("utf-8")).get("tool", {})
         except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
             return None
+        if not isinstance(tool, Mapping) or "ssu" in tool:  # a `tool` that is no table: load says so
+            return candidate
     return None
 
 

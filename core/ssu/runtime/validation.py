@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..contract.dtypes import dtype_name
-from ..contract.errors import InputError
+from ..contract.errors import InputError, counted
 from ..contract.problem import Problem
 from ..contract.records import State
 from .signatures import STATIC_STRIDES
@@ -138,6 +138,20 @@ class Checker:
             raise InputError(f"{name}: batch of {b} rows; expected 1 to {limit} ({what})")
         return b
 
+    @staticmethod
+    def rows_match(x: Any, slots: Any) -> None:
+        """A slot id per row of x: a call whose two batch sizes differ is refused naming both, not
+        whichever of them is checked against the problem first."""
+        import torch
+
+        if isinstance(x, torch.Tensor) and isinstance(slots, torch.Tensor) and x.dim() and slots.dim() == 1:
+            if x.shape[0] != slots.shape[0]:
+                raise InputError(
+                    f"slots (state_batch_indices): {counted(slots.shape[0], 'slot id')} for the "
+                    f"{counted(x.shape[0], 'row')} of x; give "
+                    "one slot id per row (sequence) of x, dt, B and C"
+                )
+
     def slot_values(self, slots, *, allow_pad: bool = True, unique: bool = True, name: str = "slots") -> None:
         """Value checks (synchronise the host): range, pad ids, duplicates."""
         p = self.problem
@@ -165,6 +179,7 @@ class Checker:
         dst_slots = call.get("dst_slots")
         p = self.problem
         self.state(state, layer)
+        self.rows_match(x, slots)
         b = self.slots(slots)
         H, P, N, G = p.nheads, p.headdim, p.dstate, p.ngroups
         inp = (p.input_dtype,)
