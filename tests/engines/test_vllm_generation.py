@@ -33,6 +33,7 @@ CONV = HERE / "speculative_conv"
 WRONG = HERE / "wrong_ssu"
 #: the recall model's runs: its recital, every key and value (generate.py --arch recall)
 RECALL = ("--arch", "recall", "--tokens", "16")
+HYBRID = ("--arch", "recall_hybrid", "--tokens", "16")
 
 
 def run(model: Path, cwd: Path, *args, **env) -> subprocess.CompletedProcess:
@@ -106,15 +107,16 @@ def test_each_tensor_parallel_rank_serves_its_heads_through_ssu(tmp_path, recall
 
 
 def test_speculative_decoding_through_ssu_keeps_the_greedy_tokens(tmp_path):
-    """vLLM's own speculative calls (packed tokens, (N, 4) tables, accepted counts) through ssu: the
-    same tokens as the plain run through ssu, drafts accepted in part and in full, every call
-    within the error budgets of the float64 oracle."""
-    model, checks = tmp_path / "tiny-nemotron-h", tmp_path / "checks.jsonl"
+    """vLLM's own speculative calls (packed tokens, (N, 4) tables, accepted counts) through ssu, on
+    the trained recall model as a hybrid (vLLM passes accepted counts for hybrids only): the same
+    tokens as the plain run through ssu, every value right, drafts accepted in part and in full,
+    every call within the error budgets of the float64 oracle."""
+    model, checks = tmp_path / "recall-hybrid", tmp_path / "checks.jsonl"
     env = dict(SSU_BACKEND="reference", PYTHONPATH=str(CONV))
-    plain, _ = generate(model, tmp_path, "--arch", "nemotron_h", "--tokens", "48", **env)
-    speculative, log = generate(model, tmp_path, "--arch", "nemotron_h", "--tokens", "48", "--speculative", "3",
-                                SSU_CHECK=str(checks), **env)  # fmt: skip
+    plain, plain_log = generate(model, tmp_path, *HYBRID, **env)
+    speculative, log = generate(model, tmp_path, *HYBRID, "--speculative", "3", SSU_CHECK=str(checks), **env)
     assert speculative == plain
+    assert accuracy(plain_log) >= 0.95 and accuracy(log) >= 0.95
     assert int(re.search(r"^ACCEPTED (\d+)", log, re.M).group(1)) > 0, log[-4000:]
     records = [json.loads(line) for line in checks.read_text().splitlines()]
     packed = [r for r in records if r["form"] == "packed"]
@@ -123,6 +125,18 @@ def test_speculative_decoding_through_ssu_keeps_the_greedy_tokens(tmp_path):
     assert counts & {2, 3} and 4 in counts, counts  # drafts accepted in part and in full
     assert any(r["tokens"] > r["batch"] for r in packed)  # calls that carried draft tokens
     assert re.search(r"ssu serves vLLM's Mamba2 SSU with backend 'reference' for .* T=4 .* calls=packed", log)
+
+
+@pytest.mark.parametrize("how", ["counts", "nothing"])
+def test_a_wrong_speculative_ssu_changes_the_tokens(tmp_path, how):
+    """The speculative run above with ssu's packed call made wrong: vLLM's accepted counts dropped
+    (each sequence starts from its table's first slot), or no work done at all. The tokens change
+    and values are lost, so the speculative test's equal tokens do show a right packed call."""
+    model = tmp_path / "recall-hybrid"
+    env = dict(SSU_BACKEND="reference", PYTHONPATH=os.pathsep.join([str(WRONG), str(CONV)]), SSU_WRONG=how)
+    wrong, log = generate(model, tmp_path, *HYBRID, "--speculative", "3", **env)
+    right, right_log = generate(model, tmp_path, *HYBRID, SSU_BACKEND="reference", PYTHONPATH=str(CONV))
+    assert wrong != right and accuracy(log) < accuracy(right_log) - 0.1, (wrong, right)
 
 
 def test_a_wrong_backend_name_stops_vllm_before_it_loads_the_model(tmp_path):
