@@ -14,8 +14,9 @@
 # one run; both build FlashInfer's modules of their call form first, in parallel), bench-engines (ssu
 # bench --engine vllm, then sglang: the engines' own kernels, loaded from the folder scripts/engine-kernels
 # writes, beside every GPU backend on the engines' calls; BENCH_ENGINES picks one), probe-packed (the
-# engine calls' launch shapes on triton, PACKED_SHAPES of block_p:num_warps, PROBE_CALLS of packed, verify), background and collect
-# (below).
+# engine calls' launch shapes on triton, PACKED_SHAPES of block_p:num_warps, PROBE_CALLS of packed, verify), engine-shapes
+# (benchmarks/engine_shapes.py: the triton backend's launch shapes beside the engines' own kernels at batches 1 to 8,
+# ENGINE_DECODE and ENGINE_CALLS the shapes), background and collect (below).
 # Filters are line-buffered, so a stage cut off by its timeout keeps what it printed.
 # SSU_TRITON_TUNING_CACHE, when set, is where both Triton backends keep their tuned plans.
 # A run longer than one command: BG_STAGES="replayssm-prebuild bench-all" BENCH_TIMEOUT=1500 with the
@@ -130,6 +131,10 @@ print("compiled lanes:", c.module() is not None, c.failure() or "", f"{time.perf
         timeout 120 python3 -m ssu bench --call "$call" --tokens 4 --state-dtype fp32,bf16 --config /tmp/packed-shape.toml \
           --batches "${BENCH_BATCHES:-32,128,512}" --backends triton 2>&1 | grep --line-buffered -E '^triton +(fp32|bf16)'
       done; done 2>&1 | tee "$OUT/probe-packed.log" ;;
+    engine-shapes) timeout "${BENCH_TIMEOUT:-330}" python3 benchmarks/engine_shapes.py --engine-wheel "${ENGINE_KERNELS:-.device/engines}" \
+        --batches "${BENCH_BATCHES:-1,2,4,8}" --decode "${ENGINE_DECODE:-4:1,8:1,16:2,4:1:1:0:1:1,8:1:1:0:0:0}" \
+        --calls "${ENGINE_CALLS:-4:1:1:1,8:1:1:1,16:2:1:1,4:1:0:0,4:1:1:0}" 2>&1 | grep --line-buffered -v '^\[ssu' \
+        | tee "$OUT/engine-shapes.log" ;;
     bench-verify) call_modules verify
       timeout 500 python3 -m ssu bench --call verify --tokens 4 --state-dtype fp32,bf16 \
       --batches "${BENCH_BATCHES:-1,8,32,128,256}" --backends triton,flashinfer ${BENCH_ARGS:-} --out "$OUT/bench-verify" 2>&1 \

@@ -3,8 +3,9 @@ returns (``ssu.contract.PackedStepFn``, ``ssu.contract.VerifyStepFn``), each one
 kernel of :mod:`~ssu_backend_triton.engine_kernel` per call, with no allocation but an ``out`` not
 given and no host synchronisation: CUDA-graph capturable.
 
-The launch shape (rows of P per program and warps) is :func:`default_shape`'s per problem, or what
-the options pin (``block_p``, ``num_warps``).
+The launch shape (rows of P per program, warps, prefetch, programmatic launch) is
+:func:`default_shape`'s per problem and batch, or what the options pin (``block_p``,
+``num_warps``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from ssu.contract.dtypes import ITEMSIZE
+from ssu.state.slot_kernels import pdl_capable
 from ssu.state.slot_state import uses_cursor
 
 from .engine_kernel import packed_kernel, verify_kernel
@@ -20,30 +23,43 @@ from .launch import cdiv, kernel_call, next_power_of_2, quant_code
 
 
 class Shape(NamedTuple):
-    """A launch shape of the engine call kernels: ``block_p`` rows of P per program, ``num_warps``."""
+    """A launch shape of the engine call kernels: ``block_p`` rows of P per program, ``num_warps``;
+    ``prefetch`` (1: every token's inputs and table cells loaded before the first store, see
+    :mod:`~ssu_backend_triton.engine_kernel`) and ``pdl`` (1: programmatic dependent launch, where
+    the GPU has it)."""
 
     block_p: int
     num_warps: int
+    prefetch: int = 1
+    pdl: int = 1
 
 
 #: programs a launch of the engine call kernels should have at least, where the tile allows: about
 #: sixteen per SM of an H100, below which a small batch leaves the GPU waiting on few long programs
 MIN_PROGRAMS = 2048
+#: the most tokens a sequence may carry for its inputs all to be loaded before the first store
+#: (``prefetch``): with 8, the large tile's registers spill
+PREFETCH_TOKENS = 4
 
 
 def default_shape(problem, batch: int = 0) -> Shape:
     """A program of two warps per tile of about 2048 values (at least one row, at most all of P),
-    the fastest of the shapes timed for vLLM's packed call on an H100 at T = 4, batches 32 to 512,
-    fp32 and bf16 states; a batch (sequences or rows) too small to give :data:`MIN_PROGRAMS` such
-    programs takes tiles of fewer rows (down to 4) with a warp per 1024 values, which timed faster
-    at batches 1 and 2 for both call forms (docs/benchmarks.md, "Against the engines' own kernels")."""
+    the fastest of the shapes timed for both call forms on an H100 at T = 4 from batch 2 to 512
+    with bf16 states and from batch 4 with fp32 ones; a 4-byte state whose batch (sequences or
+    rows) gives fewer than :data:`MIN_PROGRAMS` such programs takes tiles of 4 rows instead (one
+    warp per 1024 values), which timed 1 to 17 % faster at batches 1 and 2 (docs/benchmarks.md,
+    "Against the engines' own kernels"). Every token's inputs are prefetched and the launch is
+    programmatic (:class:`Shape`) where a sequence carries at most :data:`PREFETCH_TOKENS`."""
     width = next_power_of_2(problem.dstate)
     rows = min(next_power_of_2(max(1, 2048 // width)), next_power_of_2(problem.headdim))
-    if batch <= 0:
-        return Shape(rows, 2)
-    while rows > 4 and cdiv(problem.headdim, rows) * problem.nheads * batch < MIN_PROGRAMS:
-        rows //= 2
-    return Shape(rows, max(1, min(2, rows * width // 1024)))
+    prefetch = int(problem.tokens_per_step <= PREFETCH_TOKENS)
+    large = Shape(rows, 2, prefetch)
+    if batch <= 0 or ITEMSIZE[problem.state_dtype] < 4:
+        return large
+    if cdiv(problem.headdim, rows) * problem.nheads * batch >= MIN_PROGRAMS:
+        return large
+    small = min(4, rows)
+    return Shape(small, max(1, min(2, small * width // 1024)), prefetch)
 
 
 class _Layer(NamedTuple):
@@ -75,10 +91,13 @@ class EngineLaunches:
         self.faults = ctx.faults
         self.seed = (ctx.scratch or {}).get("seed")
         self.quantized = p.quantized
-        pinned = Shape(self.options.block_p, self.options.num_warps or 4) if self.options.block_p else None
+        prefetch = int(p.tokens_per_step <= PREFETCH_TOKENS)
+        pinned = Shape(self.options.block_p, self.options.num_warps or 4, prefetch) if self.options.block_p else None
         self.pinned = pinned
         #: the launch shape of each batch (1..max_batch): pinned, or the default for that batch
         self.shapes = [pinned or default_shape(p, b) for b in range(p.max_batch + 1)]
+        #: programmatic dependent launch where the shape asks for it and the GPU has it
+        self.pdl = p.device_type == "cuda" and pdl_capable(torch.device(p.device))
 
     def _common(self, state, layer, A, D, dt_bias):
         p = self.problem
@@ -101,7 +120,7 @@ class EngineLaunches:
         """vLLM's call (``ssu.contract.PackedStepFn``)."""
         p = self.problem
         faults, seed = self.faults, self.seed
-        shapes = self.shapes
+        shapes, pdl = self.shapes, self.pdl
 
         def packed_step(
             state, x, dt, A, B, C, slots, dst_slots=None, num_accepted=None, cu_seqlens=None, D=None, z=None,
@@ -128,7 +147,8 @@ class EngineLaunches:
                 slots.stride(0), slots.stride(1), dst.stride(0), dst.stride(1),
                 D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
                 T=W, BLOCK_P=shape.block_p, HAS_CU=cu_seqlens is not None,
-                HAS_ACCEPTED=num_accepted is not None, num_warps=shape.num_warps, **consts,
+                HAS_ACCEPTED=num_accepted is not None, PREFETCH=bool(shape.prefetch), PDL=pdl and bool(shape.pdl),
+                num_warps=shape.num_warps, launch_pdl=pdl and bool(shape.pdl), **consts,
             )  # fmt: skip
             if seed is not None:
                 seed.add_(1)
@@ -140,7 +160,7 @@ class EngineLaunches:
         """SGLang's call (``ssu.contract.VerifyStepFn``)."""
         p = self.problem
         faults, seed = self.faults, self.seed
-        shapes = self.shapes
+        shapes, pdl = self.shapes, self.pdl
 
         def verify_step(
             state, x, dt, A, B, C, slots, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, layer=0,
@@ -165,7 +185,8 @@ class EngineLaunches:
                 bs[0], bs[1], bs[2], bs[3], ps[0], ps[1],
                 D is not None, z is not None, dt_bias is not None, bool(dt_softplus),
                 T=T, BLOCK_P=shape.block_p, HAS_BUFFER=buffer is not None, HAS_ROWS=buffer_rows is not None,
-                HAS_PARENTS=parents is not None, UPDATE=bool(update_state), num_warps=shape.num_warps, **consts,
+                HAS_PARENTS=parents is not None, UPDATE=bool(update_state), PREFETCH=bool(shape.prefetch),
+                PDL=pdl and bool(shape.pdl), num_warps=shape.num_warps, launch_pdl=pdl and bool(shape.pdl), **consts,
             )  # fmt: skip
             if seed is not None and update_state:
                 seed.add_(1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
@@ -28,6 +29,13 @@ ENV_CACHE = "SSU_TRITON_TUNING_CACHE"
 SCRATCH_LIMIT = 4 << 30
 #: bytes of state that the rotated slot sets span at least (several times the H200's 60 MB L2)
 COLD_BYTES = 256 << 20
+#: slot sets a tuning run rotates over at most: enough for a batch of one to span COLD_BYTES (16
+#: sets of an fp32 slot at H=128 P=64 N=128 span 64 MB, which an H100's or H200's L2 half holds:
+#: warmer than a server's states, and a schedule fastest warm can be slower cold)
+MAX_SETS = 64
+#: the fastest schedules of the first pass, timed again in interleaved rounds: the best median
+#: wins (one noisy sample of a few-microsecond launch no longer decides a small bucket)
+FINALISTS, FINAL_ROUNDS = 3, 3
 
 
 def next_pow2(n: int) -> int:
@@ -220,8 +228,11 @@ def tune_bucket(
     compute capability 9.0 or newer (with ``try_pdl``) with programmatic dependent launch (it helps
     at most batches), and (with ``try_branchless``) with the other way of loading the optional
     inputs (branch-free wins for an fp32 state with several tokens, loses where its registers
-    spill: docs/benchmarks.md); returns (best config, its microseconds). Back-to-back launches of
-    the same step are timed, so a launch with PDL overlaps the drain of the step before it.
+    spill: docs/benchmarks.md); then the :data:`FINALISTS` fastest of all that again, in
+    :data:`FINAL_ROUNDS` interleaved rounds. Returns (the config of the best median, that median in
+    microseconds), or None when every config failed. Back-to-back launches of the same step are
+    timed, over slot sets spanning at least :data:`COLD_BYTES` (up to :data:`MAX_SETS` of them), so
+    a launch with PDL overlaps the drain of the step before it and the L2 stays cold.
 
     ``run(config, scratch_ssm, slots, inputs, out, compile_only=False)`` launches one step on the
     scratch state (with ``compile_only``, compiles its kernel only: every config is compiled at
@@ -239,7 +250,7 @@ def tune_bucket(
     p = problem
     K = versions(p)
     slot_bytes = p.state_bytes_per_slot() * K
-    sets = max(1, min(16, -(-COLD_BYTES // (slot_bytes * bucket)), SCRATCH_LIMIT // (slot_bytes * bucket)))
+    sets = max(1, min(MAX_SETS, -(-COLD_BYTES // (slot_bytes * bucket)), SCRATCH_LIMIT // (slot_bytes * bucket)))
     gen = torch.Generator().manual_seed(bucket)
     total = sets * bucket
     shape = (total, K, p.nheads, p.headdim, p.dstate)
@@ -250,10 +261,9 @@ def tune_bucket(
     slot_sets = [torch.arange(i * bucket, (i + 1) * bucket, dtype=torch.int32, device=p.device) for i in range(sets)]
     inputs = [step_inputs(p, s, gen) for s in slot_sets]
     outs = [torch.empty_like(i.x) for i in inputs]
-    best = None
+    timed = []  # (microseconds, config) of every config timed
 
-    def time_config(config) -> None:
-        nonlocal best
+    def time_config(config) -> Optional[float]:
         launches = [
             (lambda c=config, s=s, i=i, o=o: run(c, scratch, s, i, o)) for s, i, o in zip(slot_sets, inputs, outs)
         ]
@@ -261,9 +271,12 @@ def tune_bucket(
             us = graph_time_us(launches, replays=5, warmup=1, min_launches=iterations)
         except Exception as exc:  # a config the compiler rejects is skipped, not fatal
             log(f"  config {config} failed: {type(exc).__name__}: {exc}")
-            return
-        if best is None or us < best[1]:
-            best = (config, us)
+            return None
+        timed.append((us, config))
+        return us
+
+    def fastest():
+        return min(timed, key=lambda entry: entry[0])[1] if timed else None
 
     compile_in_parallel(
         lambda c=c: run(c, scratch, slot_sets[0], inputs[0], outs[0], compile_only=True) for c in configs
@@ -271,8 +284,27 @@ def tune_bucket(
     for config in configs:
         time_config(config)
     # the winner again with programmatic dependent launch, where launches honour it (sm_90 and newer)
-    if try_pdl and best is not None and not best[0].pdl and pdl_capable(torch.device(p.device)):
-        time_config(best[0]._replace(pdl=1))
-    if try_branchless and best is not None:
-        time_config(best[0]._replace(branchless=1 - best[0].branchless))
-    return best
+    if try_pdl and timed and not fastest().pdl and pdl_capable(torch.device(p.device)):
+        time_config(fastest()._replace(pdl=1))
+    if try_branchless and timed:
+        time_config(fastest()._replace(branchless=1 - fastest().branchless))
+    if not timed:
+        return None
+    finalists = []
+    for _, config in sorted(timed, key=lambda entry: entry[0]):
+        if config not in finalists:
+            finalists.append(config)
+    finalists = finalists[:FINALISTS]
+    if len(finalists) == 1:
+        return finalists[0], min(timed, key=lambda entry: entry[0])[0]
+    rounds: dict = {config: [] for config in finalists}
+    for _ in range(FINAL_ROUNDS):
+        for config in finalists:
+            us = time_config(config)
+            if us is not None:
+                rounds[config].append(us)
+    medians = {config: statistics.median(samples) for config, samples in rounds.items() if samples}
+    if not medians:
+        return None
+    best = min(medians, key=medians.get)
+    return best, medians[best]

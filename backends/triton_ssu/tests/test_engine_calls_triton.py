@@ -211,18 +211,44 @@ class _Replay:
         return Replayed()
 
 
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("batch", [1, 2, 4, 8, 32, 512])
-def test_a_small_batch_gets_smaller_tiles_and_enough_programs(batch):
-    """The engine calls' launch shape: the large-batch tile (16 rows of P, two warps at N = 128)
-    from the batch that fills the GPU with it; below, tiles of fewer rows (down to 4) with a warp
-    per 1024 values, until the launch has MIN_PROGRAMS programs."""
-    from ssu_backend_triton.engine_launch import MIN_PROGRAMS, Shape, default_shape
+def test_the_engine_calls_launch_shape(state_dtype, batch):
+    """The large-batch tile (16 rows of P, two warps at N = 128) for a 2-byte state at every batch
+    and for a 4-byte one from the batch that gives it MIN_PROGRAMS programs; below that, a 4-byte
+    state takes tiles of 4 rows and one warp. Up to PREFETCH_TOKENS tokens a sequence every shape
+    prefetches, above it none does; every shape asks for programmatic launch."""
+    from ssu_backend_triton.engine_launch import MIN_PROGRAMS, PREFETCH_TOKENS, Shape, default_shape
 
-    p = ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8, state_dtype="fp32", input_dtype="bf16",
-                    num_slots=8, max_batch=4, tokens_per_step=4, engine_calls={"packed"})  # fmt: skip
+    fields = dict(nheads=128, headdim=64, dstate=128, ngroups=8, state_dtype=state_dtype, input_dtype="bf16",
+                  num_slots=8, max_batch=4, engine_calls={"packed"})  # fmt: skip
+    p = ssu.Problem(tokens_per_step=PREFETCH_TOKENS, **fields)
     shape = default_shape(p, batch)
-    programs = -(-p.headdim // shape.block_p) * p.nheads * batch
-    assert programs >= MIN_PROGRAMS or shape.block_p == 4
-    assert shape.num_warps == max(1, min(2, shape.block_p * 128 // 1024))
-    if 4 * 128 * batch >= MIN_PROGRAMS:
-        assert shape == Shape(16, 2) == default_shape(p)
+    if state_dtype == "bf16" or 4 * 128 * batch >= MIN_PROGRAMS:
+        assert shape == Shape(16, 2, prefetch=1, pdl=1) == default_shape(p)
+    else:
+        assert shape == Shape(4, 1, prefetch=1, pdl=1)
+    longer = ssu.Problem(tokens_per_step=PREFETCH_TOKENS + 1, **fields)
+    assert default_shape(longer, batch)._replace(prefetch=1) == shape
+    assert default_shape(longer, batch).prefetch == 0
+
+
+@pytest.mark.parametrize("form", ["packed", "tree"])
+def test_longer_sequences_stream_their_tokens(form, gen):
+    """Sequences of more than PREFETCH_TOKENS tokens take the streaming path (each token's inputs
+    loaded in its turn, a parent's state read back from the buffer): the same results."""
+    from ssu_backend_triton.engine_launch import PREFETCH_TOKENS
+
+    T = PREFETCH_TOKENS + 2
+    if form == "packed":
+        p = problem("packed", tokens_per_step=T, pad_slot_id=0, engine_state=True)
+        kernel = opened(p, validate="full")
+        state = adopted(kernel, gen)
+        call = engine_harness.draw_packed(p, gen, sequences=4, lengths=[T, 0, 2, T - 1], padded=1, pad_cells=2)
+        engine_harness.check_packed(kernel, state, call, layer=1, layers=2)
+    else:
+        p = problem("tree", tokens_per_step=T, num_slots=12)
+        kernel = opened(p, validate="full")
+        state, _ = prepared(kernel, gen, 2)
+        call = engine_harness.draw_verify(p, gen, rows=3, padded=1, buffer_dtype="bf16", parents=True, with_z=True)
+        engine_harness.check_verify(kernel, state, call, layer=0, layers=2)
