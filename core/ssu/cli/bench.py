@@ -247,23 +247,19 @@ def cmd_bench(args, timer=None) -> int:
     if args.out:
         from pathlib import Path
 
+        from .bench_saved import write_out
+
         out = Path(args.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
-            meta = dict(
-                title=title,
-                date=str(datetime.date.today()),
-                device=on,
-                ceiling_tbps=ceiling,
-                torch=torch.__version__,
-                python=platform.python_version(),
-                versions=_versions(chosen),
-            )
-            report.write_json(out / "bench.json", rows, meta, refused, spans)
-            plotted = report.plot(out / "bench.png", rows, title, ceiling) if rows else None
-        except OSError as exc:
-            raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
+        meta = dict(
+            title=title,
+            date=str(datetime.date.today()),
+            device=on,
+            ceiling_tbps=ceiling,
+            torch=torch.__version__,
+            python=platform.python_version(),
+            versions=_versions(chosen),
+        )
+        plotted = write_out(args.out, title, text, advice, rows, meta, refused, spans)
         no_plot = (
             " (no plot: pip install 'ssu-core[bench]' for matplotlib)" if plotted is False else " (no plot: no row)"
         )

@@ -104,13 +104,21 @@ def render_saved(args) -> int:
     print()
     print(advice)
     if args.out:
-        out = Path(args.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
-            report.write_json(out / "bench.json", rows, dict(data, title=title, ceiling_tbps=ceiling), refused, spans)
-            if rows:
-                report.plot(out / "bench.png", rows, title, ceiling)
-        except OSError as exc:
-            raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
+        write_out(args.out, title, text, advice, rows, dict(data, title=title, ceiling_tbps=ceiling), refused, spans)
     return 0
+
+
+def write_out(folder: str, title: str, text: str, advice: str, rows, meta: dict, refused, spans):
+    """Write a run's bench.txt, bench.json and (where there are rows and matplotlib) bench.png to
+    ``folder``, made if missing; whether the plot was written (None: no row). A folder that
+    cannot be written is a :class:`UsageError` naming ``--out``."""
+    from ..bench import report
+
+    out = Path(folder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.txt").write_text(f"{title}\n{text}\n\n{advice}\n")
+        report.write_json(out / "bench.json", rows, meta, refused, spans)
+        return report.plot(out / "bench.png", rows, meta["title"], meta["ceiling_tbps"]) if rows else None
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {folder}: {exc.strerror or exc}") from None
