@@ -21,7 +21,7 @@ from ssu.checking import oracle
 from ssu.integrations import sglang as sglang_plugin
 from ssu.integrations import vllm as vllm_plugin
 
-from fakes import gpu_only_backend
+from fakes import bounded_backend, gpu_only_backend
 
 
 def _module(name, **values):
@@ -239,6 +239,91 @@ def test_a_problem_no_configured_backend_serves_goes_to_the_engines_backend(
     assert len(_Own.calls) == 4
     passed = _passes(caplog, "vLLM")
     assert len(passed) == 1 and "gpu-only" in passed[0] and "cpu" in passed[0], passed
+
+
+@pytest.fixture
+def bounded(monkeypatch, tmp_path):
+    """``SSU_BACKEND=bounded`` (at most 4 sequences of 2 tokens), with the drop-in calls counted."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "bounded")
+    right, calls = ssu.dropin.selective_state_update, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return right(*args, **kwargs)
+
+    monkeypatch.setattr(ssu.dropin, "selective_state_update", counted)
+    name = ssu.register_backend(bounded_backend(max_batch=4, max_tokens=2))
+    yield calls
+    ssu.default_registry().unregister(name)
+
+
+def test_a_problem_passed_to_vllm_leaves_the_other_sizes_with_ssu(vllm_dispatch, bounded, caplog, gen):
+    """A batch bucket or T that no backend serves goes to vLLM's backend, and only that problem:
+    the same cache's calls of other sizes, served before, stay with ssu; a problem passed on is
+    remembered (later calls do not reach the drop-in) and said once, whichever layer meets it."""
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    caches = [torch.randn(32, 4, 8, 16, generator=gen) for _ in range(2)]
+
+    def where(cache, batch, width=1):
+        call = _mamba2(gen, batch=batch * width)
+        table = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+        extra = {}
+        if width > 1:
+            extra = dict(num_accepted_tokens=torch.ones(batch, dtype=torch.int32),
+                         cu_seqlens=torch.arange(0, batch * width + 1, width, dtype=torch.int32))  # fmt: skip
+        before, engine = cache.clone(), len(_Own.calls)
+        backend(cache, **call, dt_softplus=True, state_batch_indices=table, dst_state_batch_indices=table, **extra)
+        if len(_Own.calls) > engine:
+            assert torch.equal(cache, before)
+            return "vLLM"
+        assert not torch.equal(cache, before)
+        return "ssu"
+
+    with caplog.at_level(logging.INFO, logger="vllm.ssu"):
+        for cache in caches:
+            sizes = [(3, 1), (7, 1), (3, 1), (6, 1), (2, 1), (12, 1), (4, 1), (2, 2), (2, 3), (2, 2), (2, 3)]
+            assert [where(cache, *size) for size in sizes] == [
+                "ssu", "vLLM", "ssu", "vLLM", "ssu", "vLLM", "ssu", "ssu", "vLLM", "ssu", "vLLM"
+            ]  # fmt: skip
+    # per cache: every call of a size ssu serves, and the first of each problem passed on (batch 7,
+    # 12, T=3); the second cache's first call of a problem the first passed on asks the drop-in too
+    assert len(bounded) == 2 * (6 + 3)
+    passed = _passes(caplog, "vLLM")
+    assert len(passed) == 3, passed
+    assert "decode SSU calls of batch 5 to 8 on a float32 cache" in passed[0] and "bounded" in passed[0], passed
+    assert "decode SSU calls of batch 9 to 16 " in passed[1], passed
+    assert "speculative (packed) SSU calls of batch 2, T=3 " in passed[2], passed
+    assert all("it goes on serving the calls of other sizes" in line for line in passed), passed
+
+
+def test_a_problem_passed_to_sglang_leaves_the_other_sizes_with_ssu(sglang_dispatch, bounded, caplog, gen):
+    sglang_plugin.register()
+    (hook,) = sglang_dispatch.hooks[sglang_plugin.TARGET]
+    hook(lambda server_args: None, "server args")
+    backend = sglang_dispatch._mamba_ssu_backend
+    cache = torch.randn(16, 4, 8, 16, generator=gen)
+
+    def where(batch, tokens=0):
+        call = _mamba2(gen, batch=batch)
+        if tokens:
+            call.update({k: torch.stack([call[k]] * tokens, 1) for k in ("x", "dt", "B", "C")})
+        before, engine = cache.clone(), len(_Own.calls)
+        backend(cache, **call, dt_softplus=True, state_batch_indices=torch.arange(batch, dtype=torch.int32))
+        if len(_Own.calls) > engine:
+            assert torch.equal(cache, before)
+            return "SGLang"
+        assert not torch.equal(cache, before)
+        return "ssu"
+
+    with caplog.at_level(logging.INFO, logger="sglang.ssu"):
+        sizes = [(2,), (6,), (2,), (6,), (2, 2), (2, 3), (2, 2), (2, 3)]
+        assert [where(*size) for size in sizes] == ["ssu", "SGLang", "ssu", "SGLang", "ssu", "SGLang", "ssu", "SGLang"]
+    assert len(bounded) == 6
+    passed = _passes(caplog, "SGLang")
+    assert len(passed) == 2 and "decode SSU calls of batch 5 to 8 " in passed[0], passed
+    assert "verify SSU calls of batch 2, T=3 " in passed[1], passed
 
 
 def test_a_typo_in_the_backend_name_stops_vllm_where_it_loads_the_plugin(vllm_dispatch, monkeypatch, tmp_path):

@@ -269,6 +269,12 @@ def _config(config):
     return _configs[key]
 
 
+def batch_bucket(batch: int) -> int:
+    """The batch a kernel for ``batch`` sequences is opened for: the next power of two, so that a
+    growing batch opens a kernel per bucket, and a problem no backend serves is one per bucket."""
+    return 1 << (max(batch, 1) - 1).bit_length()
+
+
 #: the shapes a drop-in call's state, x and B have, per call form
 _DIMS = {
     "step": ("(batch, H, P)", "(batch, G, N)", "one token per sequence"),
@@ -335,7 +341,7 @@ def _prepare(
     if kernel is None or b > kernel.problem.max_batch or tokens > kernel.problem.tokens_per_step:
         batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
         T = max(tokens, 1 if kernel is None else kernel.problem.tokens_per_step)
-        bucket = 1 << (batch - 1).bit_length()
+        bucket = batch_bucket(batch)
         declined = (key, bucket, T)
         if declined in _declined:  # a copy: raising one object again would lengthen its traceback
             raise copy.copy(_declined[declined])
