@@ -326,6 +326,82 @@ def test_a_problem_passed_to_sglang_leaves_the_other_sizes_with_ssu(sglang_dispa
     assert "verify SSU calls of batch 2, T=3 " in passed[1], passed
 
 
+def _bound(received, stand_in) -> dict:
+    """The arguments an engine's own backend received, by the names of the engine's signature
+    (the stand-in's, which takes the engine's calls)."""
+    import inspect
+
+    args, kwargs = received
+    signature = inspect.signature(stand_in.__call__)
+    bound = signature.bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return dict(list(bound.arguments.items())[1:])
+
+
+def _same(given: dict, received: dict) -> None:
+    """Every argument the engine's own backend received is the one its caller gave, by name."""
+    assert received.keys() == given.keys()
+    wrong = [name for name, value in given.items() if received[name] is not value and received[name] != value]
+    assert not wrong, f"passed on changed: {wrong}"
+
+
+@pytest.mark.parametrize("refused", ["mamba1", "no backend"])
+def test_vllms_own_backend_gets_every_argument_as_given(vllm_dispatch, bounded, gen, refused):
+    """A call passed on reaches vLLM's backend with each argument the one vLLM passed, in its place
+    (B and C not swapped, z and the counts kept), for a Mamba-1 layer's call and for a problem no
+    configured backend serves (vLLM's packed form, T=3)."""
+    vllm_plugin.register()
+    stand_in = vllm_dispatch._BACKEND_REGISTRY["cpu"]
+    backend = stand_in("mamba config")
+    if refused == "mamba1":
+        call = _mamba1(gen)
+        state, table, extra = call.pop("state"), torch.tensor([[5], [0], [2]], dtype=torch.int32), {}
+        call["z"] = torch.randn(3, 16, generator=gen)
+    else:
+        state, call = torch.randn(16, 4, 8, 16, generator=gen), _mamba2(gen, batch=6)
+        call["z"] = torch.randn(6, 4, 8, generator=gen)
+        table = torch.arange(6, dtype=torch.int32).view(2, 3)
+        extra = dict(num_accepted_tokens=torch.tensor([2, 3], dtype=torch.int32),
+                     cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32))  # fmt: skip
+    given = dict(state=state, **call, dt_softplus=True, state_batch_indices=table,
+                 dst_state_batch_indices=table.clone(), null_block_id=7, out=torch.empty_like(call["x"]),
+                 num_accepted_tokens=None, cu_seqlens=None, is_blackwell=True)  # fmt: skip
+    given.update(extra)
+    backend(**given)
+    (received,) = _Own.calls
+    _same(given, _bound(received, stand_in))
+
+
+@pytest.mark.parametrize("refused", ["mamba1", "no backend"])
+def test_sglangs_own_backend_gets_every_argument_as_given(sglang_dispatch, bounded, gen, refused):
+    """As for vLLM: a Mamba-1 layer's decode call, and a verify call (T=3, EAGLE parents, the
+    intermediate-state buffer) that no configured backend serves."""
+    sglang_plugin.register()
+    (hook,) = sglang_dispatch.hooks[sglang_plugin.TARGET]
+    hook(lambda server_args: None, "server args")
+    backend = sglang_dispatch._mamba_ssu_backend
+    if refused == "mamba1":
+        m = _mamba1(gen)
+        given = dict(state=m["state"][:, :, None, :].contiguous(), x=m["x"][..., None], dt=m["dt"][..., None],
+                     A=m["A"][:, None, :], B=m["B"][:, None], C=m["C"][:, None], D=m["D"][:, None],
+                     z=torch.randn(3, 16, 1, generator=gen), dt_bias=m["dt_bias"][:, None],
+                     state_batch_indices=torch.tensor([5, -1, 2], dtype=torch.int32), out=torch.empty(3, 16, 1),
+                     disable_state_update=False, intermediate_states_buffer=None, cache_steps=None,
+                     retrieve_parent_token=None, intermediate_state_indices=None)  # fmt: skip
+    else:
+        call = _mamba2(gen, batch=2)
+        call.update({k: torch.stack([call[k]] * 3, 1) for k in ("x", "dt", "B", "C")})
+        given = dict(state=torch.randn(8, 4, 8, 16, generator=gen), **call, z=torch.randn(2, 3, 4, 8, generator=gen),
+                     state_batch_indices=torch.tensor([1, 4], dtype=torch.int32), out=torch.empty(2, 3, 4, 8),
+                     disable_state_update=True, intermediate_states_buffer=torch.randn(2, 3, 4, 8, 16, generator=gen),
+                     cache_steps=3, retrieve_parent_token=torch.tensor([[-1, 0, 0], [-1, 0, 1]]),
+                     intermediate_state_indices=torch.tensor([1, 0], dtype=torch.int32))  # fmt: skip
+    given.update(dt_softplus=True, pad_slot_id=-1)
+    backend(**given)
+    (received,) = _Own.calls
+    _same(given, _bound(received, type(backend)))
+
+
 def test_a_typo_in_the_backend_name_stops_vllm_where_it_loads_the_plugin(vllm_dispatch, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SSU_BACKEND", "refrence")
