@@ -142,3 +142,30 @@ def bounded_backend(max_batch: int = 4, max_tokens: int = 2):
                  "ssu_write_state"):  # fmt: skip
         setattr(module, name, getattr(reference, name))
     return module
+
+
+def beside_backend():
+    """An in-process backend (``ssu.register_backend``) named ``beside``: the reference's kernels on
+    the CPU, first under ``"auto"`` (priority 10), that implements ``ssu_sync_state``, as a backend
+    keeping state beside an adopted cache does (triton-replay): the drop-in call cannot use it."""
+    import types
+
+    import attrs
+
+    from ssu import reference
+
+    def ssu_backend():
+        spec = reference.ssu_backend()
+        caps = attrs.evolve(spec.capabilities, devices={"cpu"})
+        return attrs.evolve(spec, name="beside", priority=10, capabilities=caps)
+
+    def ssu_sync_state(ctx, state, slots):
+        return None
+
+    module = types.ModuleType("beside_backend")
+    module.ssu_backend = ssu.hookimpl(ssu_backend)
+    module.ssu_sync_state = ssu.hookimpl(ssu_sync_state)
+    for name in ("ssu_engine_call", "ssu_adopt_state", "ssu_allocate_state", "ssu_commit", "ssu_read_state",
+                 "ssu_write_state"):  # fmt: skip
+        setattr(module, name, getattr(reference, name))
+    return module

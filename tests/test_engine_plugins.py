@@ -21,7 +21,7 @@ from ssu.checking import oracle
 from ssu.integrations import sglang as sglang_plugin
 from ssu.integrations import vllm as vllm_plugin
 
-from fakes import bounded_backend, gpu_only_backend
+from fakes import beside_backend, bounded_backend, gpu_only_backend
 
 
 def _module(name, **values):
@@ -400,6 +400,48 @@ def test_sglangs_own_backend_gets_every_argument_as_given(sglang_dispatch, bound
     backend(**given)
     (received,) = _Own.calls
     _same(given, _bound(received, type(backend)))
+
+
+@pytest.fixture
+def beside():
+    """The in-process ``beside`` backend (first under auto, keeps state beside an adopted cache)."""
+    name = ssu.register_backend(beside_backend())
+    yield name
+    ssu.default_registry().unregister(name)
+
+
+def test_auto_in_an_engine_passes_over_a_backend_the_drop_in_cannot_use(
+    vllm_dispatch, beside, monkeypatch, tmp_path, caplog, gen
+):  # fmt: skip
+    """``auto`` tries backends by priority: one that keeps state beside the engine's cache comes
+    first but is passed over, with why, and the engine's calls are served by one that steps it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "auto")
+    monkeypatch.setenv("SSU_PLUGINS", "beside,reference")
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    cache = torch.randn(8, 4, 8, 16, generator=gen)
+    table = torch.tensor([[1], [2], [3]], dtype=torch.int32)
+    with caplog.at_level(logging.INFO, logger="vllm.ssu"):
+        backend(cache, **_mamba2(gen), state_batch_indices=table, dst_state_batch_indices=table)
+    assert not _Own.calls
+    (opened,) = [r.getMessage() for r in caplog.records if "serves vLLM's Mamba2 SSU" in r.getMessage()]
+    assert "with backend 'reference'" in opened and "requested auto" in opened, opened
+    assert "beside: backend 'beside' does not support this problem" in opened, opened
+    assert "keeps state beside the engine's cache" in opened, opened
+
+
+def test_the_drop_in_refuses_a_backend_that_keeps_state_beside_the_cache(beside, bounded, gen):
+    """Named alone, such a backend is the drop-in's refusal with why; it is never offered as an
+    alternative for a problem the named backend refuses."""
+    cache = torch.randn(8, 4, 8, 16, generator=gen)
+    with pytest.raises(ssu.BackendUnavailableError, match="backend 'beside' .*keeps state beside the engine's cache"):
+        ssu.selective_state_update(cache, **_mamba2(gen), config=ssu.Config(backend="beside"))
+    with pytest.raises(ssu.BackendUnavailableError, match="backends that serve this problem here: ") as refused:
+        ssu.selective_state_update(cache, **_mamba2(gen, batch=6), config=ssu.Config(backend="bounded"))
+    alternatives = str(refused.value).split("backends that serve this problem here: ")[1]
+    assert "reference" in alternatives and "beside" not in alternatives, alternatives
+    ssu.dropin.clear()
 
 
 def test_a_typo_in_the_backend_name_stops_vllm_where_it_loads_the_plugin(vllm_dispatch, monkeypatch, tmp_path):

@@ -346,19 +346,10 @@ def _prepare(
         if declined in _declined:  # a copy: raising one object again would lengthen its traceback
             raise copy.copy(_declined[declined])
         try:
-            kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), bucket))
+            kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), bucket), in_place=True)
         except BackendUnavailableError as exc:
             _declined[declined] = exc
             raise
-        if kernel.needs_sync:
-            raise BackendUnavailableError(
-                f"backend {kernel.backend!r} keeps state beside the engine's cache (its tensor is current "
-                "only after kernel.sync), and the engine's own writes to that cache (a prefill) would not "
-                "reach it: the drop-in call serves backends whose steps keep the engine's tensor current "
-                "(reference, triton, flashinfer). Choose one of those, or open a kernel with ssu.open, "
-                "adopt the cache and call kernel.sync / kernel.write_state where the engine reads or "
-                "writes it"
-            )
         _kernels[key] = kernel
         warm = True
     else:
