@@ -111,3 +111,61 @@ def gpu_only_backend():
     for hook in (ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_read_state, ssu_write_state):
         setattr(module, hook.__name__, hook)
     return module
+
+
+def bounded_backend(max_batch: int = 4, max_tokens: int = 2):
+    """An in-process backend (``ssu.register_backend``) named ``bounded``: the reference's kernels
+    and engine call forms on the CPU, refusing every problem of more than ``max_batch`` sequences
+    or ``max_tokens`` tokens a sequence (its ``ssu_supports``), so that a cache it serves at small
+    sizes meets a problem no backend serves when the batch or T grows."""
+    import types
+
+    import attrs
+
+    from ssu import reference
+
+    def ssu_backend():
+        spec = reference.ssu_backend()
+        return attrs.evolve(
+            spec, name="bounded", priority=0, capabilities=attrs.evolve(spec.capabilities, devices={"cpu"})
+        )
+
+    def ssu_supports(problem, options):
+        if problem.max_batch > max_batch or problem.tokens_per_step > max_tokens:
+            return ssu.Verdict.reject(f"bounded serves at most {max_batch} sequences of {max_tokens} tokens")
+        return ssu.ACCEPT
+
+    module = types.ModuleType("bounded_backend")
+    module.ssu_backend = ssu.hookimpl(ssu_backend)
+    module.ssu_supports = ssu.hookimpl(ssu_supports)
+    for name in ("ssu_engine_call", "ssu_adopt_state", "ssu_allocate_state", "ssu_commit", "ssu_read_state",
+                 "ssu_write_state"):  # fmt: skip
+        setattr(module, name, getattr(reference, name))
+    return module
+
+
+def beside_backend():
+    """An in-process backend (``ssu.register_backend``) named ``beside``: the reference's kernels on
+    the CPU, first under ``"auto"`` (priority 10), that implements ``ssu_sync_state``, as a backend
+    keeping state beside an adopted cache does (triton-replay): the drop-in call cannot use it."""
+    import types
+
+    import attrs
+
+    from ssu import reference
+
+    def ssu_backend():
+        spec = reference.ssu_backend()
+        caps = attrs.evolve(spec.capabilities, devices={"cpu"})
+        return attrs.evolve(spec, name="beside", priority=10, capabilities=caps)
+
+    def ssu_sync_state(ctx, state, slots):
+        return None
+
+    module = types.ModuleType("beside_backend")
+    module.ssu_backend = ssu.hookimpl(ssu_backend)
+    module.ssu_sync_state = ssu.hookimpl(ssu_sync_state)
+    for name in ("ssu_engine_call", "ssu_adopt_state", "ssu_allocate_state", "ssu_commit", "ssu_read_state",
+                 "ssu_write_state"):  # fmt: skip
+        setattr(module, name, getattr(reference, name))
+    return module

@@ -21,7 +21,7 @@ from ssu.checking import oracle
 from ssu.integrations import sglang as sglang_plugin
 from ssu.integrations import vllm as vllm_plugin
 
-from fakes import gpu_only_backend
+from fakes import beside_backend, bounded_backend, gpu_only_backend
 
 
 def _module(name, **values):
@@ -239,6 +239,209 @@ def test_a_problem_no_configured_backend_serves_goes_to_the_engines_backend(
     assert len(_Own.calls) == 4
     passed = _passes(caplog, "vLLM")
     assert len(passed) == 1 and "gpu-only" in passed[0] and "cpu" in passed[0], passed
+
+
+@pytest.fixture
+def bounded(monkeypatch, tmp_path):
+    """``SSU_BACKEND=bounded`` (at most 4 sequences of 2 tokens), with the drop-in calls counted."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "bounded")
+    right, calls = ssu.dropin.selective_state_update, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return right(*args, **kwargs)
+
+    monkeypatch.setattr(ssu.dropin, "selective_state_update", counted)
+    name = ssu.register_backend(bounded_backend(max_batch=4, max_tokens=2))
+    yield calls
+    ssu.default_registry().unregister(name)
+
+
+def test_a_problem_passed_to_vllm_leaves_the_other_sizes_with_ssu(vllm_dispatch, bounded, caplog, gen):
+    """A batch bucket or T that no backend serves goes to vLLM's backend, and only that problem:
+    the same cache's calls of other sizes, served before, stay with ssu; a problem passed on is
+    remembered (later calls do not reach the drop-in) and said once, whichever layer meets it."""
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    caches = [torch.randn(32, 4, 8, 16, generator=gen) for _ in range(2)]
+
+    def where(cache, batch, width=1):
+        call = _mamba2(gen, batch=batch * width)
+        table = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+        extra = {}
+        if width > 1:
+            extra = dict(num_accepted_tokens=torch.ones(batch, dtype=torch.int32),
+                         cu_seqlens=torch.arange(0, batch * width + 1, width, dtype=torch.int32))  # fmt: skip
+        before, engine = cache.clone(), len(_Own.calls)
+        backend(cache, **call, dt_softplus=True, state_batch_indices=table, dst_state_batch_indices=table, **extra)
+        if len(_Own.calls) > engine:
+            assert torch.equal(cache, before)
+            return "vLLM"
+        assert not torch.equal(cache, before)
+        return "ssu"
+
+    with caplog.at_level(logging.INFO, logger="vllm.ssu"):
+        for cache in caches:
+            sizes = [(3, 1), (7, 1), (3, 1), (6, 1), (2, 1), (12, 1), (4, 1), (2, 2), (2, 3), (2, 2), (2, 3)]
+            assert [where(cache, *size) for size in sizes] == [
+                "ssu", "vLLM", "ssu", "vLLM", "ssu", "vLLM", "ssu", "ssu", "vLLM", "ssu", "vLLM"
+            ]  # fmt: skip
+    # per cache: every call of a size ssu serves, and the first of each problem passed on (batch 7,
+    # 12, T=3); the second cache's first call of a problem the first passed on asks the drop-in too
+    assert len(bounded) == 2 * (6 + 3)
+    passed = _passes(caplog, "vLLM")
+    assert len(passed) == 3, passed
+    assert "decode SSU calls of batch 5 to 8 on a float32 cache" in passed[0] and "bounded" in passed[0], passed
+    assert "decode SSU calls of batch 9 to 16 " in passed[1], passed
+    assert "speculative (packed) SSU calls of batch 2, T=3 " in passed[2], passed
+    assert all("it goes on serving the calls of other sizes" in line for line in passed), passed
+
+
+def test_a_problem_passed_to_sglang_leaves_the_other_sizes_with_ssu(sglang_dispatch, bounded, caplog, gen):
+    sglang_plugin.register()
+    (hook,) = sglang_dispatch.hooks[sglang_plugin.TARGET]
+    hook(lambda server_args: None, "server args")
+    backend = sglang_dispatch._mamba_ssu_backend
+    cache = torch.randn(16, 4, 8, 16, generator=gen)
+
+    def where(batch, tokens=0):
+        call = _mamba2(gen, batch=batch)
+        if tokens:
+            call.update({k: torch.stack([call[k]] * tokens, 1) for k in ("x", "dt", "B", "C")})
+        before, engine = cache.clone(), len(_Own.calls)
+        backend(cache, **call, dt_softplus=True, state_batch_indices=torch.arange(batch, dtype=torch.int32))
+        if len(_Own.calls) > engine:
+            assert torch.equal(cache, before)
+            return "SGLang"
+        assert not torch.equal(cache, before)
+        return "ssu"
+
+    with caplog.at_level(logging.INFO, logger="sglang.ssu"):
+        sizes = [(2,), (6,), (2,), (6,), (2, 2), (2, 3), (2, 2), (2, 3)]
+        assert [where(*size) for size in sizes] == ["ssu", "SGLang", "ssu", "SGLang", "ssu", "SGLang", "ssu", "SGLang"]
+    assert len(bounded) == 6
+    passed = _passes(caplog, "SGLang")
+    assert len(passed) == 2 and "decode SSU calls of batch 5 to 8 " in passed[0], passed
+    assert "verify SSU calls of batch 2, T=3 " in passed[1], passed
+
+
+def _bound(received, stand_in) -> dict:
+    """The arguments an engine's own backend received, by the names of the engine's signature
+    (the stand-in's, which takes the engine's calls)."""
+    import inspect
+
+    args, kwargs = received
+    signature = inspect.signature(stand_in.__call__)
+    bound = signature.bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return dict(list(bound.arguments.items())[1:])
+
+
+def _same(given: dict, received: dict) -> None:
+    """Every argument the engine's own backend received is the one its caller gave, by name."""
+    assert received.keys() == given.keys()
+    wrong = [name for name, value in given.items() if received[name] is not value and received[name] != value]
+    assert not wrong, f"passed on changed: {wrong}"
+
+
+@pytest.mark.parametrize("refused", ["mamba1", "no backend"])
+def test_vllms_own_backend_gets_every_argument_as_given(vllm_dispatch, bounded, gen, refused):
+    """A call passed on reaches vLLM's backend with each argument the one vLLM passed, in its place
+    (B and C not swapped, z and the counts kept), for a Mamba-1 layer's call and for a problem no
+    configured backend serves (vLLM's packed form, T=3)."""
+    vllm_plugin.register()
+    stand_in = vllm_dispatch._BACKEND_REGISTRY["cpu"]
+    backend = stand_in("mamba config")
+    if refused == "mamba1":
+        call = _mamba1(gen)
+        state, table, extra = call.pop("state"), torch.tensor([[5], [0], [2]], dtype=torch.int32), {}
+        call["z"] = torch.randn(3, 16, generator=gen)
+    else:
+        state, call = torch.randn(16, 4, 8, 16, generator=gen), _mamba2(gen, batch=6)
+        call["z"] = torch.randn(6, 4, 8, generator=gen)
+        table = torch.arange(6, dtype=torch.int32).view(2, 3)
+        extra = dict(num_accepted_tokens=torch.tensor([2, 3], dtype=torch.int32),
+                     cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32))  # fmt: skip
+    given = dict(state=state, **call, dt_softplus=True, state_batch_indices=table,
+                 dst_state_batch_indices=table.clone(), null_block_id=7, out=torch.empty_like(call["x"]),
+                 num_accepted_tokens=None, cu_seqlens=None, is_blackwell=True)  # fmt: skip
+    given.update(extra)
+    backend(**given)
+    (received,) = _Own.calls
+    _same(given, _bound(received, stand_in))
+
+
+@pytest.mark.parametrize("refused", ["mamba1", "no backend"])
+def test_sglangs_own_backend_gets_every_argument_as_given(sglang_dispatch, bounded, gen, refused):
+    """As for vLLM: a Mamba-1 layer's decode call, and a verify call (T=3, EAGLE parents, the
+    intermediate-state buffer) that no configured backend serves."""
+    sglang_plugin.register()
+    (hook,) = sglang_dispatch.hooks[sglang_plugin.TARGET]
+    hook(lambda server_args: None, "server args")
+    backend = sglang_dispatch._mamba_ssu_backend
+    if refused == "mamba1":
+        m = _mamba1(gen)
+        given = dict(state=m["state"][:, :, None, :].contiguous(), x=m["x"][..., None], dt=m["dt"][..., None],
+                     A=m["A"][:, None, :], B=m["B"][:, None], C=m["C"][:, None], D=m["D"][:, None],
+                     z=torch.randn(3, 16, 1, generator=gen), dt_bias=m["dt_bias"][:, None],
+                     state_batch_indices=torch.tensor([5, -1, 2], dtype=torch.int32), out=torch.empty(3, 16, 1),
+                     disable_state_update=False, intermediate_states_buffer=None, cache_steps=None,
+                     retrieve_parent_token=None, intermediate_state_indices=None)  # fmt: skip
+    else:
+        call = _mamba2(gen, batch=2)
+        call.update({k: torch.stack([call[k]] * 3, 1) for k in ("x", "dt", "B", "C")})
+        given = dict(state=torch.randn(8, 4, 8, 16, generator=gen), **call, z=torch.randn(2, 3, 4, 8, generator=gen),
+                     state_batch_indices=torch.tensor([1, 4], dtype=torch.int32), out=torch.empty(2, 3, 4, 8),
+                     disable_state_update=True, intermediate_states_buffer=torch.randn(2, 3, 4, 8, 16, generator=gen),
+                     cache_steps=3, retrieve_parent_token=torch.tensor([[-1, 0, 0], [-1, 0, 1]]),
+                     intermediate_state_indices=torch.tensor([1, 0], dtype=torch.int32))  # fmt: skip
+    given.update(dt_softplus=True, pad_slot_id=-1)
+    backend(**given)
+    (received,) = _Own.calls
+    _same(given, _bound(received, type(backend)))
+
+
+@pytest.fixture
+def beside():
+    """The in-process ``beside`` backend (first under auto, keeps state beside an adopted cache)."""
+    name = ssu.register_backend(beside_backend())
+    yield name
+    ssu.default_registry().unregister(name)
+
+
+def test_auto_in_an_engine_passes_over_a_backend_the_drop_in_cannot_use(
+    vllm_dispatch, beside, monkeypatch, tmp_path, caplog, gen
+):  # fmt: skip
+    """``auto`` tries backends by priority: one that keeps state beside the engine's cache comes
+    first but is passed over, with why, and the engine's calls are served by one that steps it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSU_BACKEND", "auto")
+    monkeypatch.setenv("SSU_PLUGINS", "beside,reference")
+    vllm_plugin.register()
+    backend = vllm_dispatch._BACKEND_REGISTRY["cpu"]("mamba config")
+    cache = torch.randn(8, 4, 8, 16, generator=gen)
+    table = torch.tensor([[1], [2], [3]], dtype=torch.int32)
+    with caplog.at_level(logging.INFO, logger="vllm.ssu"):
+        backend(cache, **_mamba2(gen), state_batch_indices=table, dst_state_batch_indices=table)
+    assert not _Own.calls
+    (opened,) = [r.getMessage() for r in caplog.records if "serves vLLM's Mamba2 SSU" in r.getMessage()]
+    assert "with backend 'reference'" in opened and "requested auto" in opened, opened
+    assert "beside: backend 'beside' does not support this problem" in opened, opened
+    assert "keeps state beside the engine's cache" in opened, opened
+
+
+def test_the_drop_in_refuses_a_backend_that_keeps_state_beside_the_cache(beside, bounded, gen):
+    """Named alone, such a backend is the drop-in's refusal with why; it is never offered as an
+    alternative for a problem the named backend refuses."""
+    cache = torch.randn(8, 4, 8, 16, generator=gen)
+    with pytest.raises(ssu.BackendUnavailableError, match="backend 'beside' .*keeps state beside the engine's cache"):
+        ssu.selective_state_update(cache, **_mamba2(gen), config=ssu.Config(backend="beside"))
+    with pytest.raises(ssu.BackendUnavailableError, match="backends that serve this problem here: ") as refused:
+        ssu.selective_state_update(cache, **_mamba2(gen, batch=6), config=ssu.Config(backend="bounded"))
+    alternatives = str(refused.value).split("backends that serve this problem here: ")[1]
+    assert "reference" in alternatives and "beside" not in alternatives, alternatives
+    ssu.dropin.clear()
 
 
 def test_a_typo_in_the_backend_name_stops_vllm_where_it_loads_the_plugin(vllm_dispatch, monkeypatch, tmp_path):

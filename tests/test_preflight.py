@@ -78,5 +78,45 @@ def test_an_engine_refuses_a_backend_that_cannot_step_its_cache(tmp_path, name, 
         preflight(config, engine=True)
 
 
-def test_auto_is_checked_at_the_first_call(fake_site, tmp_path):
-    assert preflight(config_of("auto", tmp_path, env_source=True), fake_site.registry(), engine=True) == ()
+#: a backend that keeps state beside an adopted cache (it implements ssu_sync_state), first under auto
+BESIDE = """
+import attrs
+import ssu
+from ssu import reference
+from ssu.reference import ssu_adopt_state, ssu_allocate_state, ssu_commit, ssu_engine_call, ssu_read_state
+from ssu.reference import ssu_write_state
+
+@ssu.hookimpl
+def ssu_backend():
+    return attrs.evolve(reference.ssu_backend(), name="beside", priority=10)
+
+@ssu.hookimpl
+def ssu_sync_state(ctx, state, slots):
+    return None
+"""
+
+
+def test_auto_for_an_engine_needs_a_backend_that_steps_its_cache(fake_site, tmp_path):
+    """``auto`` is checked where the engine loads the plugin, as a named list is: with no enabled
+    backend able to step an engine's cache it stops the engine; otherwise the backends it passes
+    over are notes."""
+    fake_site.add("ssu-backend-beside", {"beside": "beside_mod"}, modules={"beside_mod": BESIDE})
+    config = config_of("auto", tmp_path, env_source=True)
+    (note,) = preflight(config, fake_site.registry(), engine=True)
+    assert note.startswith("auto passes over backend beside: keeps state beside the engine's cache"), note
+    assert preflight(config, fake_site.registry()) == ()
+    alone = fake_site.registry(env={"SSU_PLUGINS": "beside"})
+    with pytest.raises(
+        ssu.BackendError,
+        match=r"^SSU_BACKEND: auto: no enabled backend can step an engine's cache in place \(reference: not in "
+        r"SSU_PLUGINS='beside'.*; beside: keeps state beside .*\); install or enable one",
+    ):
+        preflight(config, alone, engine=True)
+    assert preflight(config, alone) == ()  # outside an engine, auto's problems are resolved at each first call
+
+
+def test_auto_for_an_engine_checks_the_options_of_every_backend_it_may_pick(fake_site, tmp_path):
+    fake_site.add("ssu-backend-good", {"good": "good_mod"}, modules={"good_mod": good_backend("good")})
+    config = config_of("auto", tmp_path, "[ssu.backends.good]\nx = 1\n")
+    with pytest.raises(ssu.ConfigError, match="ssu.backends.good: backend 'good' takes no options"):
+        preflight(config, fake_site.registry(), engine=True)

@@ -62,11 +62,22 @@ def test_vllm_calls_run_through_the_configured_backend(tmp_path, backend):
 
 
 def test_a_wrong_backend_name_stops_vllm_where_it_loads_its_plugins(tmp_path):
+    """The error leaves vLLM through its plugin loader, ``load_general_plugins``, straight from
+    ssu's ``register``: the only vLLM code on the stack is the loader (vLLM had not gone on to set
+    up its SSU dispatch, nor called it), and ssu's line is the error vLLM stops with."""
+    import re
+
     result = run("vllm", tmp_path, SSU_BACKEND="refrence")
     assert result.returncode != 0 and "RESULT" not in result.stdout
     assert "ssu.contract.errors.UnknownBackendError: SSU_BACKEND: unknown backend 'refrence'" in result.stderr, (
         result.stderr[-3000:]
     )
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', result.stderr.split("Traceback")[-1])
+    vllm = [i for i, (path, _) in enumerate(frames) if re.search(r"[/\\]vllm[/\\]", path)]
+    assert [frames[i][1] for i in vllm] == ["load_general_plugins"], frames
+    assert frames[vllm[0]][0].replace("\\", "/").endswith("vllm/plugins/__init__.py"), frames
+    below = frames[vllm[0] + 1]
+    assert below[1] == "register" and below[0].replace("\\", "/").endswith("ssu/integrations/vllm.py"), frames
 
 
 def test_replayssm_is_said_to_bypass_ssu(tmp_path):

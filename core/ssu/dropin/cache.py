@@ -269,6 +269,12 @@ def _config(config):
     return _configs[key]
 
 
+def batch_bucket(batch: int) -> int:
+    """The batch a kernel for ``batch`` sequences is opened for: the next power of two, so that a
+    growing batch opens a kernel per bucket, and a problem no backend serves is one per bucket."""
+    return 1 << (max(batch, 1) - 1).bit_length()
+
+
 #: the shapes a drop-in call's state, x and B have, per call form
 _DIMS = {
     "step": ("(batch, H, P)", "(batch, G, N)", "one token per sequence"),
@@ -335,24 +341,15 @@ def _prepare(
     if kernel is None or b > kernel.problem.max_batch or tokens > kernel.problem.tokens_per_step:
         batch = max(b, 1 if kernel is None else kernel.problem.max_batch)
         T = max(tokens, 1 if kernel is None else kernel.problem.tokens_per_step)
-        bucket = 1 << (batch - 1).bit_length()
+        bucket = batch_bucket(batch)
         declined = (key, bucket, T)
         if declined in _declined:  # a copy: raising one object again would lengthen its traceback
             raise copy.copy(_declined[declined])
         try:
-            kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), bucket))
+            kernel = open_kernel(used, _problem(dict(fields, tokens_per_step=T), bucket), in_place=True)
         except BackendUnavailableError as exc:
             _declined[declined] = exc
             raise
-        if kernel.needs_sync:
-            raise BackendUnavailableError(
-                f"backend {kernel.backend!r} keeps state beside the engine's cache (its tensor is current "
-                "only after kernel.sync), and the engine's own writes to that cache (a prefill) would not "
-                "reach it: the drop-in call serves backends whose steps keep the engine's tensor current "
-                "(reference, triton, flashinfer). Choose one of those, or open a kernel with ssu.open, "
-                "adopt the cache and call kernel.sync / kernel.write_state where the engine reads or "
-                "writes it"
-            )
         _kernels[key] = kernel
         warm = True
     else:

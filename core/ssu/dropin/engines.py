@@ -60,6 +60,19 @@ def call_form(
     return "step"
 
 
+def call_size(form: str, x: "Tensor", state_batch_indices=None, cu_seqlens=None) -> tuple[int, int]:
+    """``(batch bucket, tokens)`` of a call of ``form`` (:func:`call_form`): what, besides its cache
+    tensor and form, tells the problem the drop-in opens a kernel for (the cache fixes the rest),
+    with the batch rounded up as the drop-in rounds it (:func:`ssu.dropin.cache.batch_bucket`). For
+    an engine plugin that remembers which problems it passes on; reads shapes only."""
+    if form == "packed":
+        batch = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        return cache.batch_bucket(batch), state_batch_indices.shape[-1]
+    if form == "step":
+        return cache.batch_bucket(x.shape[0]), 1
+    return cache.batch_bucket(x.shape[0]), x.shape[1] if x.dim() == 4 else 1
+
+
 def engine_call(
     state: "Tensor",
     x: "Tensor",

@@ -14,8 +14,9 @@ before capturing CUDA graphs, and logs one line saying which backend serves it a
 
 A call that ssu does not serve (a Mamba-1 layer's, which shares the engine's dispatch; a problem
 no configured backend accepts) goes to the engine's own SSU backend, the one the plugin took the
-place of, with the same arguments: :class:`Passed` remembers it per cache tensor and call form,
-and logs once per problem why.
+place of, with the same arguments: :class:`Passed` remembers it per problem (a Mamba-1 layer's
+cache and call form; else the cache, form, batch bucket and tokens that no backend serves, the
+calls of other sizes staying with ssu), and logs once per problem why.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..contract.errors import BackendUnavailableError, NotServedError
+from ..dropin.engines import call_size
 
 if TYPE_CHECKING:
     from ..plugins.config import Config
@@ -75,8 +77,13 @@ NOT_SERVED = (NotServedError, BackendUnavailableError)
 
 
 class Passed:
-    """The calls an engine plugin passes to the engine's own SSU backend: per cache tensor and call
-    form (:func:`ssu.dropin.engines.call_form`), those whose first call the drop-in did not serve.
+    """The calls an engine plugin passes to the engine's own SSU backend, per problem: for a cache
+    tensor and call form (:func:`ssu.dropin.engines.call_form`), every call where the drop-in
+    refused the layer itself (:class:`~ssu.NotServedError`: a Mamba-1 layer's shapes or parameters,
+    whatever the batch), else the calls of each batch bucket and token count
+    (:func:`ssu.dropin.engines.call_size`) for which no configured backend serves the problem
+    (:class:`~ssu.BackendUnavailableError`). The calls of that cache and form of other sizes stay
+    with ssu: a new batch bucket that no backend serves does not take the calls ssu served before.
 
     Empty (false) while ssu serves every call, so that a plugin's hot path asks it nothing more
     than its truth; a cache tensor that the engine drops leaves it."""
@@ -84,34 +91,63 @@ class Passed:
     def __init__(self, engine: str, logger: logging.Logger) -> None:
         self.engine = engine
         self.logger = logger
-        self._tensors: dict = {}  # (id(state), form) -> weakref of state
+        #: (id(state), form) -> [weakref of state, the call sizes passed on (None: every call)]
+        self._tensors: dict = {}
         self._said: set = set()
 
     def __bool__(self) -> bool:
         return bool(self._tensors)
 
-    def __contains__(self, key: tuple) -> bool:
-        """``(state, form) in passed``: whether calls of ``form`` on ``state`` go to the engine's SSU."""
-        state, form = key
-        ref = self._tensors.get((id(state), form))
-        return ref is not None and ref() is state
+    def passes(self, state: Any, form: str, x: Any, slots: Any = None, cu_seqlens: Any = None) -> bool:
+        """Whether this call of ``form`` on ``state`` (x, its slot ids, vLLM's ``cu_seqlens``) goes
+        to the engine's SSU: one dictionary lookup, and the call's size read from its shapes only
+        for a cache and form with a problem passed on."""
+        entry = self._tensors.get((id(state), form))
+        if entry is None or entry[0]() is not state:
+            return False
+        sizes = entry[1]
+        return sizes is None or call_size(form, x, slots, cu_seqlens) in sizes
 
-    def add(self, state: Any, x: Any, form: str, error: Exception, own: str) -> None:
-        """Pass ``form`` calls on ``state`` to the engine's backend ``own`` from now on, because of
-        ``error``; logged once per problem (cache shape and dtype, call form, reason)."""
+    def add(
+        self, state: Any, x: Any, form: str, error: Exception, own: str, slots: Any = None, cu_seqlens: Any = None
+    ) -> None:
+        """Pass the calls of ``form`` on ``state`` of this call's problem (every call of the layer,
+        for :class:`~ssu.NotServedError`) to the engine's backend ``own`` from now on, because of
+        ``error``; logged once per problem (cache shape and dtype, call form, batch bucket and
+        tokens, reason), whichever layer's cache meets it."""
         key = (id(state), form)
         tensors = self._tensors
-        tensors[key] = weakref.ref(state, lambda _, key=key: tensors.pop(key, None))
+        entry = tensors.get(key)
+        if entry is None or entry[0]() is not state:
+            entry = tensors[key] = [weakref.ref(state, lambda _, key=key: tensors.pop(key, None)), set()]
+        size = None if isinstance(error, NotServedError) else call_size(form, x, slots, cu_seqlens)
+        if size is None:
+            entry[1] = None
+        elif entry[1] is not None:
+            entry[1].add(size)
         why = "; ".join(line.strip(" -") for line in str(error).splitlines() if line.strip())
-        said = (form, tuple(state.shape[1:]), str(state.dtype), tuple(x.shape[1:]), why)
+        said = (form, tuple(state.shape[1:]), str(state.dtype), tuple(x.shape[1:]), size, why)
         if said in self._said:
             return
         self._said.add(said)
+        if size is None:
+            which = f"{_FORMS.get(form, form)} SSU calls"
+            rest = ""
+        else:
+            which = f"{_FORMS.get(form, form)} SSU calls of {_sizes(form, *size)}"
+            rest = " (it goes on serving the calls of other sizes)"
         self.logger.info(
-            "ssu passes %s's %s SSU calls on a %s cache of %s per slot (x %s per row) to %s's own %s backend: %s",
-            self.engine, _FORMS.get(form, form), str(state.dtype).replace("torch.", ""), tuple(state.shape[1:]),
-            tuple(x.shape[1:]), self.engine, own, why,
+            "ssu passes %s's %s on a %s cache of %s per slot (x %s per row) to %s's own %s backend%s: %s",
+            self.engine, which, str(state.dtype).replace("torch.", ""), tuple(state.shape[1:]), tuple(x.shape[1:]),
+            self.engine, own, rest, why,
         )  # fmt: skip
+
+
+def _sizes(form: str, bucket: int, tokens: int) -> str:
+    """The calls of a batch bucket and token count, as the log names them: ``batch 5 to 8``."""
+    low = bucket // 2 + 1
+    batch = f"batch {bucket}" if low >= bucket else f"batch {low} to {bucket}"
+    return batch if form == "step" else f"{batch}, T={tokens}"
 
 
 #: how the log names each call form

@@ -161,8 +161,8 @@ def ssu_class(ssu_dispatch, config) -> type:
             intermediate_state_indices: Any = None,
         ) -> None:
             passed = self._passed
-            if not passed or (state, self._form(x, disable_state_update, intermediate_states_buffer,
-                                                retrieve_parent_token)) not in passed:  # fmt: skip
+            if not passed or not passed.passes(state, self._form(x, disable_state_update, intermediate_states_buffer,
+                                                                 retrieve_parent_token), x):  # fmt: skip
                 try:
                     serve(
                         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, None, pad_slot_id,

@@ -182,7 +182,7 @@ def _check_served(mixers, config) -> None:
             continue
         seen.add(problem)
         try:
-            resolve(config, problem, default_registry())
+            resolve(config, problem, default_registry(), in_place=True)
         except SSUError as exc:
             raise ConfigError(f"mixer {name} ({problem.describe()}) cannot be served: {exc}") from None
 

@@ -12,7 +12,8 @@ vLLM's dispatch ``selective_state_update`` (the decode SSU of ``MambaMixer2``: o
 request, or the speculative form with ``cu_seqlens`` and ``num_accepted_tokens``) runs through
 :func:`ssu.selective_state_update` on vLLM's own cache, in place. A call ssu does not serve (a
 Mamba-1 layer's: ``MambaMixer`` calls the same dispatch; a problem no configured backend accepts)
-goes to the vLLM backend the stand-in replaced, with the same arguments, said once per problem.
+goes to the vLLM backend the stand-in replaced, with the same arguments, said once per problem
+(a problem of one batch bucket leaves the calls of the others with ssu).
 Without a configuration :func:`register` returns at once and vLLM is untouched. vLLM's
 ``VLLM_PLUGINS`` allowlist applies as to any plugin (``VLLM_PLUGINS=ssu``); an allowlist that
 leaves ssu out keeps every ssu module unloaded, so ssu cannot say so itself.
@@ -174,8 +175,9 @@ def ssu_class(ssu_dispatch, config, own_name: str, own_class: type) -> type:
             is_blackwell: bool = False,
         ) -> None:
             passed = self._passed
-            if not passed or (state, call_form(x, state_batch_indices, num_accepted_tokens=num_accepted_tokens,
-                                               cu_seqlens=cu_seqlens)) not in passed:  # fmt: skip
+            if not passed or not passed.passes(state, call_form(x, state_batch_indices,
+                                               num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens),
+                                               x, state_batch_indices, cu_seqlens):  # fmt: skip
                 try:
                     serve(
                         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
@@ -186,7 +188,7 @@ def ssu_class(ssu_dispatch, config, own_name: str, own_class: type) -> type:
                 except NOT_SERVED as exc:
                     form = call_form(x, state_batch_indices, num_accepted_tokens=num_accepted_tokens,
                                      cu_seqlens=cu_seqlens)  # fmt: skip
-                    passed.add(state, x, form, exc, repr(own_name))
+                    passed.add(state, x, form, exc, repr(own_name), state_batch_indices, cu_seqlens)
             self.own()(
                 state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
                 state_batch_indices=state_batch_indices, dst_state_batch_indices=dst_state_batch_indices,

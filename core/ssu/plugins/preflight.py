@@ -6,10 +6,10 @@ call would find wrong whatever its shapes. An engine plugin runs it where the en
 plugin (:func:`preflight` with ``engine=True``), so that a typo in ``SSU_BACKEND`` stops the engine
 at startup instead of at its first request.
 
-Importing a named backend's plugin module is all it loads: plugin modules import no GPU library
-(docs/writing-a-backend.md), and availability on a device is left to the first call of each
-problem, where an engine plugin passes a problem no configured backend serves to the engine's own
-SSU.
+Importing a named backend's plugin module (for ``"auto"`` in an engine, every enabled one) is all
+it loads: plugin modules import no GPU library (docs/writing-a-backend.md), and availability on a
+device is left to the first call of each problem, where an engine plugin passes a problem no
+configured backend serves to the engine's own SSU.
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from typing import Optional
 from .config import AUTO, Config
 from ..contract.errors import BackendDisabledError, BackendError, BackendNotInstalledError
 from .registry import Registry, default_registry
-from .resolve import _from_where, check_backend_names, check_option_tables, validated_options
+from .resolve import (
+    _from_where,
+    auto_order,
+    check_backend_names,
+    check_option_tables,
+    in_place_refusal,
+    validated_options,
+)
 
 
 def preflight(config: Config, registry: Optional[Registry] = None, *, engine: bool = False) -> tuple[str, ...]:
@@ -34,7 +41,9 @@ def preflight(config: Config, registry: Optional[Registry] = None, *, engine: bo
     ``engine``: the configuration serves an engine's own cache (an engine plugin's). Then also a
     named backend that cannot step an engine's cache in place, and a configuration none of whose
     named backends is installed, are errors; a first-party name that is not installed, in a list
-    with one that is, is a note (the list falls through it at each first call)."""
+    with one that is, is a note (the list falls through it at each first call). ``"auto"`` for an
+    engine is an error where no enabled backend can step an engine's cache, and each backend it
+    passes over for that reason is a note."""
     registry = default_registry() if registry is None else registry
     try:
         check_backend_names(config, registry)
@@ -42,7 +51,7 @@ def preflight(config: Config, registry: Optional[Registry] = None, *, engine: bo
         raise _from_where(exc, config) from None
     check_option_tables(config, registry)
     if config.candidates == (AUTO,):
-        return ()
+        return _auto_for_engine(config, registry) if engine else ()
     installed = registry.discover()
     notes = []
     missing = [name for name in config.candidates if name not in installed]
@@ -79,13 +88,34 @@ def _not_installed(missing: list, registry: Registry) -> str:
 
 def engine_refusal(loaded) -> Optional[str]:
     """Why backend ``loaded`` (a loaded registry entry) cannot step an engine's cache in place, as
-    an engine plugin needs (None: it can): it does not adopt caches, or it keeps state beside them
-    (``ssu_sync_state``), which the engine's own writes (a prefill) would not reach."""
-    if not loaded.spec.capabilities.adopt_state:
-        return "does not step an engine's own cache in place (it serves states it allocates)"
-    if loaded.hook.ssu_sync_state.get_hookimpls():
-        return "keeps state beside the engine's cache, which the engine's own writes (a prefill) would not reach"
-    return None
+    an engine plugin needs (None: it can): :func:`ssu.plugins.resolve.in_place_refusal`."""
+    return in_place_refusal(loaded)
+
+
+def _auto_for_engine(config: Config, registry: Registry) -> tuple[str, ...]:
+    """``backend = "auto"`` for an engine, checked as a named list is: every backend ``auto`` may
+    try (enabled and importable, by priority) has valid options, and at least one of them steps
+    an engine's cache in place, the others being passed over at each problem (the resolver knows
+    the drop-in's needs). Raises where none can; returns a note per backend passed over."""
+    trace: list = []
+    order = auto_order(registry, trace)
+    passed = [f"{c.name}: {c.reason}" for c in trace]
+    serving = []
+    for name in order:
+        loaded = registry.load(name)
+        validated_options(loaded, config)
+        why = engine_refusal(loaded)
+        if why is None:
+            serving.append(name)
+        else:
+            passed.append(f"{name}: {why}")
+    if not serving:
+        error = BackendError(
+            f"auto: no enabled backend can step an engine's cache in place ({'; '.join(passed) or 'none installed'}); "
+            "install or enable one that can (such as reference, triton, flashinfer), or name it"
+        )
+        raise _from_where(error, config) from None
+    return tuple(f"auto passes over backend {line}" for line in passed)
 
 
 def _serves_engine_caches(loaded, config: Config) -> None:

@@ -65,9 +65,27 @@ def validated_options(loaded: LoadedBackend, config: Config) -> Any:
         raise ConfigError(prefixed(where, str(exc))) from None
 
 
-def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -> tuple[LoadedBackend, Any, tuple]:
+def in_place_refusal(loaded: LoadedBackend) -> Optional[str]:
+    """Why backend ``loaded`` cannot serve a caller that steps an engine's own cache and never calls
+    ``kernel.sync`` (the drop-in call, and so the engine plugins and the transformers patch), None
+    where it can: it does not adopt caches, or it keeps state beside them (it implements
+    ``ssu_sync_state``), which the engine's own writes (a prefill) would not reach."""
+    if not loaded.spec.capabilities.adopt_state:
+        return "does not step an engine's own cache in place (it serves states it allocates)"
+    if loaded.hook.ssu_sync_state.get_hookimpls():
+        return (
+            "keeps state beside the engine's cache (its tensor is current only after kernel.sync), which the "
+            "engine's own writes (a prefill) would not reach"
+        )
+    return None
+
+
+def _evaluate(
+    name: str, problem: Problem, config: Config, registry: Registry, in_place: bool = False
+) -> tuple[LoadedBackend, Any, tuple]:
     """Load and check one candidate: returns it with its options and the notes of its accepting
-    verdict, or raises why not."""
+    verdict, or raises why not. ``in_place``: the caller steps the engine's cache and never syncs
+    it (:func:`in_place_refusal`)."""
     loaded = registry.load(name)  # raises the not-installed / unknown / broken / disabled errors
     options = validated_options(loaded, config)
     availability = loaded.probe(problem.device)
@@ -76,6 +94,8 @@ def _evaluate(name: str, problem: Problem, config: Config, registry: Registry) -
             f"backend {name!r} is installed but unavailable on {problem.device}: {availability.message()}"
         )
     reasons = loaded.spec.capabilities.check(problem)
+    if in_place and not reasons and in_place_refusal(loaded):
+        reasons = [f"{in_place_refusal(loaded)}: the drop-in call serves backends whose steps keep it current"]
     notes: tuple = ()
     if not reasons:
         verdict = loaded.hook.ssu_supports(problem=problem, options=options)
@@ -149,9 +169,14 @@ def _from_where(exc: BackendError, config: Config) -> BackendError:
     return sourced
 
 
-def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[LoadedBackend, Any, Resolution]:
+def resolve(
+    config: Config, problem: Problem, registry: Registry, *, in_place: bool = False
+) -> tuple[LoadedBackend, Any, Resolution]:
     """Pick the backend for ``problem``: returns the loaded backend, its options and the trace.
-    An error about a backend name says where the name came from (the file, ``SSU_BACKEND``)."""
+    An error about a backend name says where the name came from (the file, ``SSU_BACKEND``).
+    ``in_place``: the caller steps an engine's cache and never calls ``kernel.sync`` (the drop-in
+    call): a backend that keeps state beside the cache is rejected like one that does not serve
+    the problem, so that ``"auto"`` and lists go on to one that does."""
     check_option_tables(config, registry)
     try:
         check_backend_names(config, registry)
@@ -162,11 +187,11 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
     order = auto_order(registry, trace) if requested == (AUTO,) else list(requested)
     for i, name in enumerate(order):
         try:
-            loaded, options, notes = _evaluate(name, problem, config, registry)
+            loaded, options, notes = _evaluate(name, problem, config, registry, in_place)
         except BackendError as exc:
             if len(requested) == 1 and requested != (AUTO,):
                 if isinstance(exc, BackendUnavailableError):  # the user's one name: say which would serve
-                    exc = BackendUnavailableError(f"{exc}{_alternatives(name, problem, config, registry)}")
+                    exc = BackendUnavailableError(f"{exc}{_alternatives(name, problem, config, registry, in_place)}")
                 raise _from_where(exc, config) from None
             trace.append(Candidate(name, "rejected", str(exc)))
             continue
@@ -181,14 +206,14 @@ def resolve(config: Config, problem: Problem, registry: Registry) -> tuple[Loade
     )
 
 
-def _alternatives(refused: str, problem: Problem, config: Config, registry: Registry) -> str:
+def _alternatives(refused: str, problem: Problem, config: Config, registry: Registry, in_place: bool) -> str:
     """``; backends that serve this problem here: a, b`` (or nothing): the remedy of a refusal."""
     serving = []
     for name in sorted(registry.discover(), key=lambda n: (n == RESERVED, n)):
         if name == refused or registry.disabled_reason(name):
             continue
         try:
-            _evaluate(name, problem, config, registry)
+            _evaluate(name, problem, config, registry, in_place)
         except (BackendError, ConfigError):
             continue
         serving.append(name)

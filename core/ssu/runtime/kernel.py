@@ -395,13 +395,19 @@ class Kernel:
 
 
 def open_kernel(
-    config: Optional[Config] = None, problem: Optional[Problem] = None, *, registry: Optional[Registry] = None
+    config: Optional[Config] = None,
+    problem: Optional[Problem] = None,
+    *,
+    registry: Optional[Registry] = None,
+    in_place: bool = False,
 ) -> Kernel:
     """Resolve the backend for ``problem`` under ``config`` and open a kernel.
 
     ``config=None`` loads ``ssu.toml`` / ``[tool.ssu]`` from the working directory (if any) and
     ``SSU_BACKEND``. Only the chosen backend (or, for lists and ``"auto"``, the ones tried) is
-    imported.
+    imported. ``in_place``: the caller steps an engine's cache and never calls :meth:`Kernel.sync`
+    (the drop-in call), so a backend that keeps state beside the cache (:attr:`Kernel.needs_sync`)
+    is passed over (:func:`ssu.plugins.resolve.resolve`).
     """
     if problem is None:
         raise ConfigError("ssu.open needs a Problem, e.g. ssu.Problem(nheads=128, headdim=64, dstate=128, ngroups=8)")
@@ -411,7 +417,7 @@ def open_kernel(
     if not isinstance(config, Config):
         raise ConfigError(f"ssu.open: config must be an ssu.Config (see ssu.load_config), got {type(config).__name__}")
     registry = default_registry() if registry is None else registry
-    loaded, options, resolution = resolve(config, problem, registry)
+    loaded, options, resolution = resolve(config, problem, registry, in_place=in_place)
     ctx = Context(problem, options, loaded.spec, faults=faults.allocate(problem.device))
     with devices.current(problem.device):  # launches and compiles on the problem's device
         ctx.scratch = loaded.hook.ssu_allocate_scratch(ctx=ctx)
