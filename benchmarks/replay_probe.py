@@ -55,7 +55,7 @@ def regime_bytes(problem, batch: int, regime: str, window: int, counts) -> float
     """Bytes a launch must move in ``regime``: the checkpoints read, those written, ring rows read
     and appended, inputs and outputs."""
     from ssu.measure.traffic import io_bytes
-    from ssu_backend_triton.replay_layout import token_bytes
+    from ssu_backend_triton.replay.layout import token_bytes
 
     p = problem
     tokens = p.tokens_per_step
@@ -79,8 +79,10 @@ def probe(kernel_module: str, problem, batch: int, plan, regime: str, window: in
 
     from ssu.checking.inputs import step_inputs
     from ssu.measure.timing import graph_time_us
-    from ssu_backend_triton import replay_engine, replay_launch, replay_layout
-    from ssu_backend_triton.replay_launch import Plan, ReplayConstants
+    from ssu_backend_triton.replay import engine as replay_engine
+    from ssu_backend_triton.replay import launch as replay_launch
+    from ssu_backend_triton.replay import layout as replay_layout
+    from ssu_backend_triton.replay.launch import Plan, ReplayConstants
 
     replay_launch.replay_kernel = importlib.import_module(kernel_module).replay_kernel
     global _KERNEL_CALL
@@ -134,7 +136,7 @@ _KERNEL_CALL = None  # replay_launch's own kernel_call, kept by the first probe
 
 def _without_gram(jit, grid, compile_only=False):
     """``replay_launch.kernel_call`` with the gram kernel's launches left out (``--no-gram``)."""
-    from ssu_backend_triton import replay_launch
+    from ssu_backend_triton.replay import launch as replay_launch
 
     if jit is replay_launch.gram_kernel:
         return lambda *args, **kwargs: None
@@ -155,7 +157,7 @@ def main(argv=None) -> None:
         default="8:1:8:4",
         help="block_p:num_warps:tiles:stages[:fold heads[:stepwise]], comma separated",
     )
-    ap.add_argument("--kernels", default="ssu_backend_triton.replay_kernel")
+    ap.add_argument("--kernels", default="ssu_backend_triton.replay.kernel")
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--window", type=int, default=15)
     ap.add_argument("--shape", default="128,64,128,8", help="H,P,N,G")
@@ -167,7 +169,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--no-gram", action="store_true", help="also time each plan without the gram kernel's launch")
     args = ap.parse_args(argv)
-    from ssu_backend_triton import replay_launch
+    from ssu_backend_triton.replay import launch as replay_launch
 
     shipped = (replay_launch.FOLD_ROWS, replay_launch.FOLD_WARPS, replay_launch.FOLD_STAGES)
     shipped_text = ":".join(str(v) for v in (*shipped, int(replay_launch.FOLD_CONCURRENT)))

@@ -135,6 +135,20 @@ def test_no_module_imports_one_that_imports_it(package):
     assert _circles(graph) == []
 
 
+def test_the_triton_backend_imports_nothing_of_triton_replay():
+    """``ssu_backend_triton`` holds the ``triton`` backend and what both share; ``replay`` builds on it."""
+    graph = _graph("ssu_backend_triton", BACKENDS["ssu_backend_triton"])
+    replay = "ssu_backend_triton.replay"
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        if not (module + ".").startswith(replay + ".")
+        for target in sorted(targets)
+        if (target + ".").startswith(replay + ".")
+    ]
+    assert any(module.startswith(replay + ".") for module in graph) and upward == []
+
+
 def test_every_import_goes_down_the_layers():
     graph = _graph("ssu", CORE)
     upward = [

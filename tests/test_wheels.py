@@ -50,6 +50,7 @@ def test_the_script_builds_the_four_wheels(wheels):
     (triton,) = wheels.glob("ssu_backend_triton-*.whl")
     with zipfile.ZipFile(triton) as wheel:  # the compiled lanes' source, built where it runs
         assert "ssu_backend_triton/csrc/lane.cpp" in wheel.namelist()
+        assert "ssu_backend_triton/replay/plugin.py" in wheel.namelist()  # triton-replay's package
 
 
 @pytest.mark.slow

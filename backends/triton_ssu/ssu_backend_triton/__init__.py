@@ -1,7 +1,9 @@
-"""ssu backend ``triton``: our own Triton SSU kernel (see ``plugin`` for the hooks).
+"""ssu backends ``triton`` and ``triton-replay``: our own Triton SSU kernels.
 
-Importing this package imports neither torch nor triton; the kernel module is imported when a
-kernel is opened.
+The modules here are the ``triton`` backend (see ``plugin`` for the hooks) and what both backends
+share: availability rules, the tuning cache, launch helpers and the kernels' tiles; ``replay``
+holds what serves ``triton-replay`` alone. Importing this package imports neither torch nor
+triton; the kernel modules are imported when a kernel is opened.
 """
 
 __version__ = "0.1.0"

@@ -15,8 +15,11 @@ import ssu
 from ssu.conformance import run_on
 from ssu.checking.harness import compare_with_reference
 from ssu.checking.inputs import step_inputs
-from ssu_backend_triton import replay_engine, replay_layout, replay_plans, tuning
-from ssu_backend_triton.replay_launch import Plan
+from ssu_backend_triton import tuning
+from ssu_backend_triton.replay import engine as replay_engine
+from ssu_backend_triton.replay import layout as replay_layout
+from ssu_backend_triton.replay import plans as replay_plans
+from ssu_backend_triton.replay.launch import Plan
 
 from triton_helpers import DEVICE, compiled_step_matches_reference
 

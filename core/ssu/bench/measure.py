@@ -223,7 +223,7 @@ def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Op
     """:func:`measure` of an engine call form (``case.call``) on an adopted cache."""
     import torch
 
-    from ..checking import engine_harness
+    from ..checking import call_draws
     from ..plugins.config import Config
     from ..checking.harness import engine_cache, engine_scales
     from ..checking.inputs import layer_weights
@@ -256,7 +256,7 @@ def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Op
     if case.call == "packed":
         lengths = packed_lengths(case.batch, T)
         calls = [
-            engine_harness.draw_packed(
+            call_draws.draw_packed(
                 problem, gen, sequences=case.batch, lengths=lengths,
                 accepted=torch.randint(1, T + 1, (case.batch,), generator=gen).tolist(), with_z=False, weights=weights,
             )
@@ -266,7 +266,7 @@ def _measure_call(case: Case, config, *, device: str, iterations: int, timer: Op
     else:
         buffer = "fp32" if problem.quantized else case.state_dtype
         calls = [
-            engine_harness.draw_verify(problem, gen, rows=case.batch, buffer_dtype=buffer, steps=T, weights=weights)
+            call_draws.draw_verify(problem, gen, rows=case.batch, buffer_dtype=buffer, steps=T, weights=weights)
             for _ in range(sets)
         ]
         run = kernel.verify_step

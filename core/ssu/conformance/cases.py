@@ -441,11 +441,11 @@ def _lead(problem: Problem, name: str) -> int:
 
 def _laid_out(t, layout: str, lead: int, *, aligned: bool = False):
     """``t``'s values in a tensor of ``layout`` (see :data:`LAYOUTS`,
-    :func:`ssu.checking.engine_harness.laid_out`); the per-head parameters (``lead`` 0) keep their own
+    :func:`ssu.checking.call_layouts.laid_out`); the per-head parameters (``lead`` 0) keep their own
     layout in "rows", and what is not laid out (``lead`` -1) stays as it is."""
     import torch
 
-    from ..checking.engine_harness import laid_out
+    from ..checking.call_layouts import laid_out
 
     if not isinstance(t, torch.Tensor) or lead < 0 or (layout == "rows" and lead == 0):
         return t

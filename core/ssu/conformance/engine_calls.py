@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..checking import engine_harness
+from ..checking import call_draws, engine_harness
 from ..state import faults
 from . import engine_draws
 from ..checking.harness import engine_cache, engine_scales, prepared
@@ -116,7 +116,7 @@ def packed_call(problem, caps, knobs: dict, sequences: int, gen):
             lengths = torch.randint(0, W, (sequences,), generator=gen).tolist()
         room = sequences * W - sum(lengths)
         unowned = (min(unowned[0], room), min(unowned[1], room))
-    return engine_harness.draw_packed(
+    return call_draws.draw_packed(
         problem, gen, sequences=sequences, packed=packed, lengths=lengths, counts=knobs["counts"] == "given",
         padded=1 if knobs["padded sequence"] == "yes" else 0, pad_cells=2 if knobs["pad cells"] == "yes" else 0,
         own_destinations=knobs["dst_slots"] != "none", table_layout=knobs["slot table"],
@@ -129,7 +129,7 @@ def verify_call(problem, caps, knobs: dict, rows: int, gen):
     """The verify call of one schedule entry (:func:`.engine_draws.verify_axes`)."""
     T = problem.tokens_per_step
     buffer = None if knobs["buffer"] == "none" else knobs["buffer"]
-    return engine_harness.draw_verify(
+    return call_draws.draw_verify(
         problem, gen, rows=rows, padded=1 if knobs["pad rows"] == "yes" else 0,
         update_state=knobs["update_state"] == "yes", buffer_dtype=buffer, buffer_rows=knobs["buffer_rows"] == "given",
         parents=knobs["parents"] == "given", steps=T + 2 if knobs["steps"] == "T + 2" else T,
@@ -180,12 +180,12 @@ def check_packed_guards(opened, state, case: Case, gen, sequences: int) -> None:
     # a destination cell outside the cache, at the last token and before others: that token's
     # state is not written, the sequence's other tokens are
     for t in sorted({W - 1, int(torch.randint(0, W, (1,), generator=gen))}):
-        call = engine_harness.draw_packed(p, gen, accepted=[1] * sequences, own_destinations=True, **full)
+        call = call_draws.draw_packed(p, gen, accepted=[1] * sequences, own_destinations=True, **full)
         served = attrs.evolve(call, dst_slots=call.dst_slots.clone())
         served.dst_slots[n, t], call.dst_slots[n, t] = pad, bad
         guarded(call, served, faults.E_DST_SLOTS, t, bad)
     # the start cell outside the cache: the sequence is padded
-    call = engine_harness.draw_packed(p, gen, accepted=[W] * sequences, **full)
+    call = call_draws.draw_packed(p, gen, accepted=[W] * sequences, **full)
     served = attrs.evolve(call, slots=call.slots.clone())
     served.slots[n, W - 1], call.slots[n, W - 1] = pad, bad
     guarded(call, served, faults.E_SLOTS, W - 1, bad)
@@ -193,7 +193,7 @@ def check_packed_guards(opened, state, case: Case, gen, sequences: int) -> None:
     for count, length in ((W + 1, W), (-1, 0)):
         lengths = [W] * sequences
         lengths[n] = length
-        call = engine_harness.draw_packed(p, gen, accepted=[1] * sequences, **{**full, "lengths": lengths})
+        call = call_draws.draw_packed(p, gen, accepted=[1] * sequences, **{**full, "lengths": lengths})
         served = attrs.evolve(call, slots=call.slots.clone(), num_accepted=call.num_accepted.clone())
         served.slots[n, 0], call.num_accepted[n] = pad, count
         guarded(call, served, faults.E_NUM_ACCEPTED, 0, count)
@@ -201,7 +201,7 @@ def check_packed_guards(opened, state, case: Case, gen, sequences: int) -> None:
     # destinations, an empty sequence's start cell): not used, so not checked, nothing recorded
     lengths = [W] * sequences
     lengths[n] = max(W - 1, 0)
-    call = engine_harness.draw_packed(p, gen, accepted=[1] * sequences, own_destinations=True, padded=1,
+    call = call_draws.draw_packed(p, gen, accepted=[1] * sequences, own_destinations=True, padded=1,
                                       **{**full, "lengths": lengths})  # fmt: skip
     served = attrs.evolve(call, dst_slots=call.dst_slots.clone(), slots=call.slots.clone())
     if W > 1:
@@ -210,14 +210,14 @@ def check_packed_guards(opened, state, case: Case, gen, sequences: int) -> None:
     engine_harness.check_packed(opened, state, call, 0, 2, served_as=served, rule="engine/fault-table")
     lengths = [W] * sequences
     lengths[n] = 0
-    call = engine_harness.draw_packed(p, gen, accepted=[1] * sequences, **{**full, "lengths": lengths})
+    call = call_draws.draw_packed(p, gen, accepted=[1] * sequences, **{**full, "lengths": lengths})
     served = attrs.evolve(call, slots=call.slots.clone())
     served.slots[n, 0], call.slots[n, 0] = pad, bad
     engine_harness.check_packed(opened, state, call, 1, 2, served_as=served, rule="engine/fault-table")
     # two guarded values in one call: the record keeps the smallest key (the argument's code first)
     if sequences > 1:
         m = (n + 1) % sequences
-        call = engine_harness.draw_packed(p, gen, accepted=[1] * sequences, own_destinations=True, **full)
+        call = call_draws.draw_packed(p, gen, accepted=[1] * sequences, own_destinations=True, **full)
         served = attrs.evolve(call, dst_slots=call.dst_slots.clone(), slots=call.slots.clone())
         served.dst_slots[min(n, m), 0], call.dst_slots[min(n, m), 0] = pad, bad
         served.slots[max(n, m), 0], call.slots[max(n, m), 0] = pad, bad
@@ -227,7 +227,7 @@ def check_packed_guards(opened, state, case: Case, gen, sequences: int) -> None:
     # sequence's end offset), no state of that sequence written
     for kind in ("long", "descending"):
         lengths = [max(W - 1, 1)] * sequences
-        call = engine_harness.draw_packed(p, gen, accepted=[1] * sequences, **{**full, "lengths": lengths})
+        call = call_draws.draw_packed(p, gen, accepted=[1] * sequences, **{**full, "lengths": lengths})
         cu = call.cu_seqlens.clone()
         if kind == "long":
             cu[n + 1 :] += W + 1 - lengths[n]  # sequence n: W + 1 tokens, the others as they were
@@ -292,13 +292,13 @@ def check_verify_guards(opened, state, case: Case, gen, rows: int) -> None:
     index = _index(case)
     bad = _outside(p, index)
     n = int(torch.randint(0, rows, (1,), generator=gen))
-    call = engine_harness.draw_verify(p, gen, rows=rows, update_state=True, buffer_dtype=own, index_dtype=index)
+    call = call_draws.draw_verify(p, gen, rows=rows, update_state=True, buffer_dtype=own, index_dtype=index)
     served = attrs.evolve(call, slots=call.slots.clone())
     served.slots[n], call.slots[n] = p.pad_slot_id, bad  # served as a pad row
     fault = engine_harness.fault_label(faults.E_ROW_SLOTS, n, 0, bad)
     engine_harness.check_verify(opened, state, call, 0, 2, served_as=served, fault=fault)
     for row in (call.buffer.shape[0] + 2 if call.buffer is not None else rows + 2, -1):
-        call = engine_harness.draw_verify(p, gen, rows=rows, update_state=False, buffer_dtype=own, index_dtype=index)
+        call = call_draws.draw_verify(p, gen, rows=rows, update_state=False, buffer_dtype=own, index_dtype=index)
         served = attrs.evolve(call, slots=call.slots.clone(), buffer_rows=call.buffer_rows.clone())
         served.slots[n] = p.pad_slot_id  # stores nothing, follows no parents; its outputs are unspecified
         call.buffer_rows[n] = row
@@ -308,7 +308,7 @@ def check_verify_guards(opened, state, case: Case, gen, rows: int) -> None:
     if "tree" in p.engine_calls and T > 1:  # a parent at or after its token: recorded, not followed
         t = int(torch.randint(1, T, (1,), generator=gen))
         parent = int(torch.randint(t, T + 2, (1,), generator=gen))
-        call = engine_harness.draw_verify(p, gen, rows=rows, update_state=True, buffer_dtype=own, parents=True,
+        call = call_draws.draw_verify(p, gen, rows=rows, update_state=True, buffer_dtype=own, parents=True,
                                           index_dtype=index)  # fmt: skip
         served = attrs.evolve(call, parents=call.parents.clone())
         served.parents[n, t], call.parents[n, t] = -1, parent

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import attrs
 
-from ..checking.engine_harness import BUFFER_LAYOUTS, INPUT_LAYOUTS, TABLE_LAYOUTS
+from ..checking.call_layouts import BUFFER_LAYOUTS, INPUT_LAYOUTS, TABLE_LAYOUTS
 
 
 @attrs.frozen

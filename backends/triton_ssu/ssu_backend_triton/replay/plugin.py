@@ -1,5 +1,5 @@
 """Hooks of the ``triton-replay`` backend: checkpoint + ring of recent inputs, written from
-docs/spec.md ("ReplaySSM") as our own Triton kernel (:mod:`.replay_kernel`). It shares the
+docs/spec.md ("ReplaySSM") as our own Triton kernel (:mod:`.kernel`). It shares the
 ``triton`` backend's availability rules, tuning cache and launch helpers. Importing this module
 imports neither torch nor triton.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import ssu
 
-from . import plugin as triton_plugin
-from .replay_options import MAX_WINDOW, ReplayOptions
+from .. import plugin as triton_plugin
+from .options import MAX_WINDOW, ReplayOptions
 
 NAME = "triton-replay"
 #: one program holds a (ring rows x N) block of B and a tile of the checkpoint
@@ -72,7 +72,7 @@ def _mib(n: int) -> str:
 def ssu_supports(problem, options):
     """Refuse what one program cannot hold or an option that does not apply; accept with the
     ring's memory cost per slot as a note (``ssu explain`` prints it)."""
-    from .replay_layout import ring_bytes_per_slot
+    from .layout import ring_bytes_per_slot
 
     reasons = []
     T = problem.tokens_per_step
@@ -103,45 +103,45 @@ def ssu_supports(problem, options):
 @ssu.hookimpl
 def ssu_allocate_state(ctx, num_layers):
     """Hook: zero checkpoints and empty rings."""
-    from . import replay_layout
+    from . import layout
 
-    return replay_layout.allocate(ctx.problem, num_layers, ctx.options.ring_length(ctx.problem.tokens_per_step), NAME)
+    return layout.allocate(ctx.problem, num_layers, ctx.options.ring_length(ctx.problem.tokens_per_step), NAME)
 
 
 @ssu.hookimpl
 def ssu_adopt_state(ctx, cache, scales):
     """Hook: the engine's tensors are the checkpoints (an 8-bit cache's row scales with them);
     rings and cursors beside them."""
-    from . import replay_layout
+    from . import layout
 
     ring = ctx.options.ring_length(ctx.problem.tokens_per_step)
-    return replay_layout.adopt(ctx.problem, cache, ring, NAME, scales or ())
+    return layout.adopt(ctx.problem, cache, ring, NAME, scales or ())
 
 
 @ssu.hookimpl
 def ssu_sync_state(ctx, state, slots):
     """Hook: fold the rings into the engine's tensors (an adopted state; an allocated one has no
     engine tensor to bring up to date)."""
-    from . import replay_layout
+    from . import layout
 
     if state.adopted:
-        replay_layout.sync(state, slots)
+        layout.sync(state, slots)
 
 
 @ssu.hookimpl
 def ssu_read_state(ctx, state, slots, layer):
     """Hook: the checkpoint advanced by the slot's ring tokens, in fp32."""
-    from . import replay_layout
+    from . import layout
 
-    return replay_layout.read(state, slots, layer)
+    return layout.read(state, slots, layer)
 
 
 @ssu.hookimpl
 def ssu_write_state(ctx, state, slots, values, layer):
     """Hook: ``values`` become the checkpoints, the rings of those slots empty."""
-    from . import replay_layout
+    from . import layout
 
-    replay_layout.write(state, slots, values, layer)
+    layout.write(state, slots, values, layer)
 
 
 @ssu.hookimpl
@@ -153,12 +153,12 @@ def ssu_allocate_scratch(ctx):
 @ssu.hookimpl
 def ssu_traffic(ctx, batch, accepted):
     """Hook: the checkpoint and ring bytes of a step at ``batch`` rows, with its bucket's window."""
-    from . import replay_layout
+    from . import layout
 
     window = ctx.memo["launcher"].table[batch].window
     one_token = not ctx.problem.speculative  # a one-token flush folds the new token too
     return ssu.measure.traffic.checkpoint_and_ring(
-        ctx.problem, batch, window=window, accepted=accepted, token_bytes=replay_layout.token_bytes(ctx.problem),
+        ctx.problem, batch, window=window, accepted=accepted, token_bytes=layout.token_bytes(ctx.problem),
         folds_new=one_token,
     )  # fmt: skip
 
@@ -177,7 +177,7 @@ def ssu_warmup(ctx, state, step):
 
 
 def _factory(ctx):
-    from .replay_engine import ReplayLauncher
+    from .engine import ReplayLauncher
 
     launcher = ReplayLauncher(ctx)
     ctx.memo["launcher"] = launcher

@@ -1,4 +1,4 @@
-"""The per-tile work of the replay step kernel (:mod:`~ssu_backend_triton.replay_kernel`): a
+"""The per-tile work of the replay step kernel (:mod:`~ssu_backend_triton.replay.kernel`): a
 checkpoint tile read and stored (8-bit ones with their row scales), the outputs of a token or of
 several, and the three ways a program takes a row's tile through a step: the ring's tokens folded
 where the row flushes and the outputs from B . C products (:func:`ring_tiles`), the write-every-step
@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import gated, int8_to_float, quantized_rows, rounded_state, softplus_dt
+from ..tiles import gated, int8_to_float, quantized_rows, rounded_state, softplus_dt
 
 
 @triton.jit

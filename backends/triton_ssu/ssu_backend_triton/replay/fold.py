@@ -19,7 +19,7 @@ moving the cursors: the two kernels touch different rows, so with programmatic d
 the step kernel starts as soon as every program of this one has (it does not wait for this
 kernel to finish, and waits for it only before it ends). Both kernels decide the rows by the same
 rule from the same cursors; the cursors are written by the last of both kernels' programs of a row
-(:func:`move_cursors`). With ``CONCURRENT`` off (``replay_launch.FOLD_CONCURRENT``, for the probe)
+(:func:`move_cursors`). With ``CONCURRENT`` off (``launch.FOLD_CONCURRENT``, for the probe)
 the step kernel waits for this one before it starts, and only the step kernel moves the cursors.
 Measured, the overlap gains little on its own; the tile loop's pipelining is what pays
 (docs/benchmarks.md, "The fold kernel").
@@ -34,9 +34,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import RUNTIME_SCALARS, flush_rule, head_terms, move_cursors
-from .replay_tiles import load_checkpoint, store_checkpoint, store_token_output, store_token_outputs
-from .tiles import row_slots, softplus_dt
+from .kernel import RUNTIME_SCALARS, flush_rule, head_terms, move_cursors
+from .tiles import load_checkpoint, store_checkpoint, store_token_output, store_token_outputs
+from ..tiles import row_slots, softplus_dt
 
 
 @triton.jit(do_not_specialize=RUNTIME_SCALARS)

@@ -1,4 +1,4 @@
-"""The per-kernel launcher of ``triton-replay``: a :class:`~.replay_launch.Plan` per batch, the step
+"""The per-kernel launcher of ``triton-replay``: a :class:`~.launch.Plan` per batch, the step
 callable, the commit, and warmup's tuning of plans on scratch states.
 
 ``table[b]`` holds the plan of a batch of ``b`` rows: pinned by options, tuned by warmup (or read
@@ -8,7 +8,7 @@ keeps ``max_window`` tokens in the ring; the rule of each step depends only on t
 and the step's window, so slots move freely between buckets.
 
 Where every bucket of a one-token problem has window 0, no step appends to a ring: a state whose
-rings have never held a token (its :class:`~.replay_layout.RingRecord` says so) is then the
+rings have never held a token (its :class:`~.layout.RingRecord` says so) is then the
 ``triton`` backend's state exactly, and its steps are that backend's launches, with that
 backend's own tuned schedules (option ``write_through_kernel``). The choice is made per problem,
 once warmup has fixed the table, so that a CUDA graph captured afterwards stays valid: a table
@@ -24,10 +24,10 @@ from typing import Callable, Optional
 import torch
 import triton
 
-from . import tuning
-from .engine import Launcher
-from .replay_launch import Plan, ReplayConstants, commit, launch, replay_step_op  # noqa: F401 (registers the op)
-from .replay_plans import (
+from .. import tuning
+from ..engine import Launcher
+from .launch import Plan, ReplayConstants, commit, launch, replay_step_op  # noqa: F401 (registers the op)
+from .plans import (
     cached_plan,
     candidate_shapes,
     default_plan,
@@ -303,15 +303,15 @@ class ReplayLauncher:
         from ssu.checking.inputs import accepted_counts, step_inputs
         from ssu.measure.timing import graph_time_us
 
-        from . import replay_layout
+        from . import layout
 
         p = self.problem
-        slot_bytes = p.state_bytes_per_slot() + replay_layout.ring_bytes_per_slot(p, self.ring)
+        slot_bytes = p.state_bytes_per_slot() + layout.ring_bytes_per_slot(p, self.ring)
         sets = max(
             1, min(16, -(-tuning.COLD_BYTES // (slot_bytes * bucket)), tuning.SCRATCH_LIMIT // (slot_bytes * bucket))
         )
         scratch_problem = _scratch_problem(p, sets * bucket, bucket)
-        state = replay_layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
+        state = layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
         randomize(state, self.options, torch.Generator(device="cpu").manual_seed(bucket))
         # every plan starts from the same staggered cursors, its counts within its own window (a
         # plan that flushes every step empties every ring, and the plans timed after it would
@@ -388,11 +388,11 @@ class ReplayLauncher:
         """Compile every plan of the table (:meth:`compile_all`)."""
         from ssu.checking.inputs import step_inputs
 
-        from . import replay_layout
+        from . import layout
 
         p = self.problem
         scratch_problem = _scratch_problem(p, 2, 2)
-        state = replay_layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
+        state = layout.allocate(scratch_problem, 1, self.ring, "triton-replay")
         gen = torch.Generator().manual_seed(0)
         record = torch.zeros(1, dtype=torch.int64, device=p.device)
         consts = self.consts._replace(num_slots=2, pad_slot_id=-1)

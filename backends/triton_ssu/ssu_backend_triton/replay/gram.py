@@ -1,7 +1,7 @@
 """The gram kernel of ``triton-replay``: per batch row and group, the dot products of every position's
 B row with every output token's C, ``gram[m, t] = B_m . C_t``, launched before the step kernel.
 
-A step's output weights (``replay_kernel``'s module docstring) are ``exp(cum_m - cum_j) d_j gram[j,
+A step's output weights (:mod:`.kernel`'s docstring) are ``exp(cum_m - cum_j) d_j gram[j,
 t]``: the exponentials and d are per head, but the gram is shared by every head of a group and
 every program of a head. Computed inside the step kernel, each of its programs loads the ring's B
 rows of every position (``M x N`` values, more than its own checkpoint tile for a 2-byte state)
@@ -21,8 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .replay_kernel import flush_rule
-from .tiles import row_slots
+from .kernel import flush_rule
+from ..tiles import row_slots
 
 
 @triton.jit(do_not_specialize=["pad_slot_id", "num_slots", "window"])

@@ -10,10 +10,10 @@ import torch
 
 from ssu.state.slot_kernels import pdl_capable
 
-from .launch import _strides, cdiv, kernel_call, next_power_of_2, quant_code
-from .replay_fold import fold_kernel
-from .replay_gram import gram_kernel
-from .replay_kernel import replay_kernel, ring_commit_kernel
+from ..launch import _strides, cdiv, kernel_call, next_power_of_2, quant_code
+from .fold import fold_kernel
+from .gram import gram_kernel
+from .kernel import replay_kernel, ring_commit_kernel
 
 #: rows of a fold kernel's tile (a matrix product needs at least 16), its warps, the pipeline
 #: stages of its tile loop, and whether the step kernel runs beside it (programmatic launch)
@@ -59,7 +59,7 @@ def launch(
     views, x, dt, A, B, C, slots, D, z, dt_bias, dt_softplus, out, seed, dst_slots, faults, consts, plan,
     compile_only=False,
 ):  # fmt: skip
-    """Launch one step of one layer on ``views`` (:class:`~.replay_layout.ReplayViews`) with ``plan``.
+    """Launch one step of one layer on ``views`` (:class:`~.layout.ReplayViews`) with ``plan``.
     Returns Triton's handle of the compiled step kernel. With ``compile_only`` the kernels are
     compiled (or queued for compilation, :func:`~.tuning.compile_in_parallel`), not run."""
     block_p, num_warps, tiles, stages, window, pdl, fold, stepwise = plan
@@ -228,7 +228,7 @@ def replay_step_op(
 ) -> None:
     """The step as an opaque op: it mutates the layer's checkpoints (and an 8-bit one's row scales),
     rings, cursors and gram rows, ``out`` and the fault record."""
-    from .replay_layout import ReplayViews
+    from .layout import ReplayViews
 
     views = ReplayViews(ck, x_ring, B_ring, d_ring, a_ring, start, count, ticket, gram, scale)
     launch(

@@ -1,6 +1,6 @@
 """The plan space of ``triton-replay``: the default plan of a batch, the launch shapes, fold widths
 and stepwise variants warmup times, the ``triton`` backend's options for the steps it serves, and
-the tuning cache's key and entries of a plan (:mod:`.replay_engine` tunes over them)."""
+the tuning cache's key and entries of a plan (:mod:`.engine` tunes over them)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Optional
 
 import triton
 
-from . import tuning
-from .options import TritonOptions
-from .replay_launch import Plan
+from .. import tuning
+from ..options import TritonOptions
+from .launch import Plan
 
 
 #: batches below which the default plan writes the checkpoint every step (bytes are not the limit there)

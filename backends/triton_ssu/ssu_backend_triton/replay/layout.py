@@ -17,7 +17,7 @@ Buffers of a :class:`ssu.State` (Ly layers, S slots, L = max_window + T ring row
 ``ticket``   (Ly, S) int32: programs of the running step that are done with the slot (zero between steps)
 
 Beside them each layer's view holds ``gram`` (max_batch, G, M, TP) fp32, a step's scratch: B . C of
-each batch row's positions and tokens (M and TP the powers of two from L and T, :mod:`.replay_gram`).
+each batch row's positions and tokens (M and TP the powers of two from L and T, :mod:`.gram`).
 It is indexed by batch row, not slot, so it is not among the buffers; per layer, so that steps of
 different layers never share it.
 
@@ -64,7 +64,7 @@ class RingRecord:
     with a window has run on it (only then may a ring hold tokens); ``checkpoints``, the same
     checkpoint tensors as a state of the ``triton`` backend (views of shape (S, 1, H, P, N)), for
     the steps that the triton backend's kernel serves while every ring is empty
-    (:mod:`.replay_engine`)."""
+    (:mod:`.engine`)."""
 
     checkpoints: State
     ring_tokens: bool = False
@@ -225,7 +225,7 @@ def sync(state: State, slots) -> None:
     that an adopted cache holds the logical states (rounded to the cache dtype once, as a flush
     rounds them); the rings are left empty. After every slot, no ring holds a token: the state's
     record says so, and a table that writes through everywhere may serve it with the ``triton``
-    backend's kernel again (:mod:`.replay_engine`)."""
+    backend's kernel again (:mod:`.engine`)."""
     import torch
 
     for views in state.views:

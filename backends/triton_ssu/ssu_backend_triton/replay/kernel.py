@@ -11,7 +11,7 @@ With ``cum`` the running sum of ``a`` over that sequence, the output of the toke
 so a program computes the small per-head weights ``exp(cum_m - cum_j) d_j (B_j . C_m)`` once and
 then, per tile of the checkpoint, one matrix-vector product and a weighted sum of ring rows. The
 products ``B_j . C_m`` are shared by every program of a group's heads: the gram kernel
-(:mod:`.replay_gram`), launched first, computes them once per batch row and group, and appends the
+(:mod:`.gram`), launched first, computes them once per batch row and group, and appends the
 step's B rows to the ring; a program here loads them (``M x TP`` floats) instead of every
 position's B row. The checkpoint is rewritten only when the ring would overflow the step's
 ``window`` (the flush policy of its batch bucket): then the folded tokens are applied to the tile
@@ -31,7 +31,7 @@ Flush rules (``window`` W, ``count`` k):
 - a one-token step into another slot (``dst_slots``): everything folded into the destination's
   checkpoint, its ring emptied; the source slot is left as it was.
 
-With ``FOLDED`` (a plan that names the fold kernel, :mod:`.replay_fold`, launched just before) the
+With ``FOLDED`` (a plan that names the fold kernel, :mod:`.fold`, launched just before) the
 step kernel is compiled without a fold of its own, and the rows that flush are served whole by
 that kernel (fold, checkpoint, outputs, a speculative step's appended tokens): their programs here
 only take part in moving the cursors. The two kernels serve different rows, so with programmatic
@@ -64,8 +64,8 @@ import triton.language as tl
 
 from ssu.state.slot_kernels import _commit_rows
 
-from .replay_tiles import ring_tiles, stepwise_tiles, token_scalars, write_through_tiles
-from .tiles import row_slots, softplus_dt
+from .tiles import ring_tiles, stepwise_tiles, token_scalars, write_through_tiles
+from ..tiles import row_slots, softplus_dt
 
 #: the step and fold kernels' scalar arguments that change between calls: compiled as values, not
 #: specialised on (a new pad id or window never compiles anew)
@@ -284,7 +284,7 @@ def replay_kernel(
             mask_n = offs_n < N
             Br_base = Br_ptr + safe * Br_slot + group * (RING * N)
             # per output token t (position k + t): weights of every earlier position from the gram
-            # kernel's B . C products (:mod:`.replay_gram`), and the checkpoint's decay
+            # kernel's B . C products (:mod:`.gram`), and the checkpoint's decay
             offs_t = tl.arange(0, TP)
             grams = tl.load(gram_ptr + row * g_b + group * (M * TP) + offs_m[:, None] * TP + offs_t[None, :])
             weights = tl.zeros((M, TP), dtype=tl.float32)
