@@ -271,16 +271,19 @@ def test_tuning_helpers(tmp_path, monkeypatch):
 @pytest.mark.parametrize("try_branchless", [True, False])
 def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
     """``tune_bucket`` times every candidate, then its winner the other way of loading the
-    inputs (when asked) and keeps whichever is faster; no PDL trial where launches ignore PDL
-    (the CPU). Timing is faked: this checks the tuner's choices, not the kernel."""
+    inputs (when asked), then its fastest few again in interleaved rounds, and keeps the best
+    median; no PDL trial where launches ignore PDL (the CPU). Timing is faked: this checks the
+    tuner's choices, not the kernel."""
     import ssu.measure.timing
 
     timed = []
 
+    def faked_us(config):
+        return 10.0 + config.block_p + (-1.0 if branchless_faster else 1.0) * config.branchless
+
     def fake_time(launches, **kw):
         launches[0]()  # records which config this timing is for
-        config = timed[-1]
-        return 10.0 + config.block_p + (-1.0 if branchless_faster else 1.0) * config.branchless
+        return faked_us(timed[-1])
 
     monkeypatch.setattr(ssu.measure.timing, "graph_time_us", fake_time)
     p = problem(device="cpu")
@@ -289,7 +292,10 @@ def test_tuner_trials(monkeypatch, branchless_faster, try_branchless):
         p, 2, lambda config, *a: timed.append(config), configs, 3, lambda msg: None, try_branchless=try_branchless
     )
     trial = [tuning.Schedule(2, 1, branchless=1)] if try_branchless else []
-    assert timed == configs + trial  # no PDL trial on the CPU
+    first = configs + trial
+    assert timed[: len(first)] == first  # no PDL trial on the CPU
+    finalists = sorted(dict.fromkeys(first), key=faked_us)[: tuning.FINALISTS]
+    assert timed[len(first) :] == finalists * tuning.FINAL_ROUNDS
     expected = tuning.Schedule(2, 1, branchless=int(try_branchless and branchless_faster))
     assert best == expected and us == 12.0 + (-1.0 if expected.branchless else 0.0)
 
