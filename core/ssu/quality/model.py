@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -103,6 +103,36 @@ class Mamba2LM:
         return Decoder(self, kernel, cache, scales, batch, device)
 
 
+class _Layer(NamedTuple):
+    """One Mamba2 layer's tensors, looked up once for every step."""
+
+    norm: Any
+    in_proj: Any
+    in_bias: Any
+    conv: Any  # (conv_dim, K)
+    conv_bias: Any
+    A: Any  # -exp(A_log)
+    D: Any
+    dt_bias: Any
+    gate_norm: Any
+    out_proj: Any
+    out_bias: Any
+
+    @classmethod
+    def of(cls, lm: "Mamba2LM", i: int) -> "_Layer":
+        import torch
+
+        def get(name: str, optional: bool = False):
+            return lm.layer(i, name, optional)
+
+        return cls(
+            get("norm.weight"), get("mixer.in_proj.weight"), get("mixer.in_proj.bias", True),
+            get("mixer.conv1d.weight")[:, 0, :], get("mixer.conv1d.bias", True), -torch.exp(get("mixer.A_log")),
+            get("mixer.D"), get("mixer.dt_bias"), get("mixer.norm.weight"), get("mixer.out_proj.weight"),
+            get("mixer.out_proj.bias", True),
+        )  # fmt: skip
+
+
 @attrs.define(eq=False)
 class Decoder:
     """One batch of sequences decoding a token each a step, on ``cache`` (and an 8-bit cache's
@@ -118,20 +148,17 @@ class Decoder:
     state: Any = attrs.field(init=False, repr=False)
     conv: list = attrs.field(init=False)
     slots: Any = attrs.field(init=False)
-    _per_layer: list = attrs.field(init=False)
+    _layers: list = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         import torch
 
-        lm, c = self.lm, self.lm.config
-        d_inner = int(c["expand"] * c["hidden_size"])
-        self.conv = []
-        self._per_layer = []
-        for i in range(lm.num_layers):
-            weight = lm.layer(i, "mixer.conv1d.weight")  # (conv_dim, 1, K)
-            self.conv.append(torch.zeros(self.batch, weight.shape[0], weight.shape[2], device=self.device))
-            A = -torch.exp(lm.layer(i, "mixer.A_log"))
-            self._per_layer.append((weight[:, 0, :], A, d_inner))
+        lm = self.lm
+        self._layers = [_Layer.of(lm, i) for i in range(lm.num_layers)]
+        self.conv = [
+            torch.zeros(self.batch, layer.conv.shape[0], layer.conv.shape[1], device=self.device)
+            for layer in self._layers
+        ]
         self.slots = torch.arange(self.batch, dtype=torch.int32, device=self.device)
         self.state = self.kernel.adopt_state(self.cache, self.scales)
 
@@ -139,44 +166,39 @@ class Decoder:
         """Logits (batch, vocab) after one token (batch,) a sequence."""
         import torch.nn.functional as F
 
-        lm, c = self.lm, self.lm.config
-        eps = c["layer_norm_epsilon"]
+        lm = self.lm
+        eps = lm.config["layer_norm_epsilon"]
         H, P, N, G = lm.nheads, lm.headdim, lm.dstate, lm.ngroups
         b = self.batch
         h = lm.tensors["backbone.embeddings.weight"][tokens]
-        for i in range(lm.num_layers):
-            conv_weight, A, d_inner = self._per_layer[i]
-            u = _rms_norm(h, lm.layer(i, "norm.weight"), eps)
-            proj = F.linear(u, lm.layer(i, "mixer.in_proj.weight"), lm.layer(i, "mixer.in_proj.bias", True))
+        for i, layer in enumerate(self._layers):
+            d_inner = layer.gate_norm.shape[0]
+            proj = F.linear(_rms_norm(h, layer.norm, eps), layer.in_proj, layer.in_bias)
             gate, xbc, dt = proj.split([d_inner, d_inner + 2 * G * N, H], dim=-1)
             window = self.conv[i]
             window[:, :, :-1] = window[:, :, 1:].clone()
             window[:, :, -1] = xbc
-            xbc = (window * conv_weight).sum(-1)
-            bias = lm.layer(i, "mixer.conv1d.bias", True)
-            xbc = F.silu(xbc + bias if bias is not None else xbc)
+            xbc = (window * layer.conv).sum(-1)
+            xbc = F.silu(xbc + layer.conv_bias if layer.conv_bias is not None else xbc)
             x, B, C = xbc.split([d_inner, G * N, G * N], dim=-1)
             y = self.kernel.step(
                 self.state,
                 x.reshape(b, H, P),
                 dt.contiguous(),
-                A,
+                layer.A,
                 B.reshape(b, G, N),
                 C.reshape(b, G, N),
                 self.slots,
-                D=lm.layer(i, "mixer.D"),
+                D=layer.D,
                 z=None,
-                dt_bias=lm.layer(i, "mixer.dt_bias"),
+                dt_bias=layer.dt_bias,
                 dt_softplus=True,
                 out=None,
                 layer=i,
                 dst_slots=None,
             ).reshape(b, d_inner)
-            y = y * F.silu(gate)
-            y = y.reshape(b, G, d_inner // G)
-            y = (y * (y.pow(2).mean(-1, keepdim=True) + eps).rsqrt()).reshape(b, d_inner)
-            y = lm.layer(i, "mixer.norm.weight") * y
-            h = h + F.linear(y, lm.layer(i, "mixer.out_proj.weight"), lm.layer(i, "mixer.out_proj.bias", True))
+            y = _rms_norm((y * F.silu(gate)).reshape(b, G, d_inner // G), 1.0, eps).reshape(b, d_inner)
+            h = h + F.linear(layer.gate_norm * y, layer.out_proj, layer.out_bias)
         h = _rms_norm(h, lm.tensors["backbone.norm_f.weight"], eps)
         return F.linear(h, lm.tensors["lm_head.weight"])
 

@@ -35,6 +35,15 @@ class RecitalRow:
     agreement: float
     same_recitals: float
 
+    @classmethod
+    def of(cls, state_dtype: str, gap: int, prefill: str, task: RecallTask, got, answers, fp32) -> "RecitalRow":
+        """The row of recitals ``got`` against the ``answers`` and the fp32 decoder's recitals."""
+        same = got == fp32
+        return cls(
+            state_dtype, gap, prefill, task.accuracy(got, answers), same.float().mean().item(),
+            same.all(1).float().mean().item(),
+        )  # fmt: skip
+
 
 def recitals(
     lm: Mamba2LM,
@@ -73,16 +82,7 @@ def recitals(
                         decoder.load(after_prompt)
                         last_d = last
                     got = decoder.generate(last_d, task.answer_len)
-                rows.append(
-                    RecitalRow(
-                        dtype,
-                        gap,
-                        prefill,
-                        task.accuracy(got, answers),
-                        (got == fp32_recitals).float().mean().item(),
-                        (got == fp32_recitals).all(1).float().mean().item(),
-                    )
-                )
+                rows.append(RecitalRow.of(dtype, gap, prefill, task, got, answers, fp32_recitals))
     return rows
 
 
@@ -154,15 +154,5 @@ def long_run(
                         DriftRow(d, t + 1, errors.median().item(), errors.max().item(), agree[d] / (n * (t + 1)))
                     )
         recited = {d: decoder.generate(last[d], task.answer_len) for d, decoder in decoders.items()}
-    rows = [
-        RecitalRow(
-            d,
-            gap,
-            "steps",
-            task.accuracy(got, answers),
-            (got == recited["fp32"]).float().mean().item(),
-            (got == recited["fp32"]).all(1).float().mean().item(),
-        )
-        for d, got in recited.items()
-    ]
+    rows = [RecitalRow.of(d, gap, "steps", task, got, answers, recited["fp32"]) for d, got in recited.items()]
     return LongRun(drift_rows, rows)
