@@ -65,7 +65,6 @@ def recall_hybrid(directory: str) -> None:
     layer whose output projection is zero, so that the hybrid computes what the Mamba2 model does
     (its logits are the same) while vLLM treats it as a hybrid, the kind of model whose accepted
     draft counts it passes to the SSU."""
-    import torch
     from transformers import Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
     mamba2 = Mamba2ForCausalLM.from_pretrained(RECALL_MODEL)
@@ -84,8 +83,7 @@ def recall_hybrid(directory: str) -> None:
     weights[f"model.layers.{c.num_hidden_layers}.mixer.o_proj.weight"].zero_()
     weights["lm_head.weight"] = mamba2.state_dict()["backbone.embeddings.weight"].clone()
     hybrid.load_state_dict(weights, strict=True)
-    with torch.no_grad():
-        hybrid.save_pretrained(directory)
+    hybrid.save_pretrained(directory)
 
 
 def main() -> None:
@@ -98,23 +96,22 @@ def main() -> None:
     args = parser.parse_args()
     from vllm import LLM, SamplingParams
 
+    if not os.path.exists(os.path.join(args.model, "config.json")):
+        if args.arch == "recall":
+            import shutil
+
+            shutil.copytree(RECALL_MODEL, args.model, dirs_exist_ok=True)
+        elif args.arch == "recall_hybrid":
+            recall_hybrid(args.model)
+        else:
+            tiny_model(args.model, args.arch)
     prompts, answers = PROMPTS, None
     if args.arch.startswith("recall"):
-        import shutil
-
         from ssu.quality.recall import RecallTask
 
         task = RecallTask()
-        if os.path.exists(os.path.join(args.model, "config.json")):
-            pass
-        elif args.arch == "recall":
-            shutil.copytree(RECALL_MODEL, args.model, dirs_exist_ok=True)
-        else:
-            recall_hybrid(args.model)
         prompts, answers = task.sequences(RECALL_SEQUENCES, RECALL_GAP, seed=RECALL_SEED)
         prompts = prompts.tolist()
-    elif not os.path.exists(os.path.join(args.model, "config.json")):
-        tiny_model(args.model, args.arch)
     extra = {}
     if args.tensor_parallel > 1:
         extra["tensor_parallel_size"] = args.tensor_parallel
