@@ -45,13 +45,19 @@ class Mamba2LM:
     def __attrs_post_init__(self) -> None:
         c = self.config
         if c.get("model_type") != "mamba2":
-            raise ConfigError(f"Mamba2LM takes a mamba2 checkpoint, got model_type {c.get('model_type')!r}")
+            raise ConfigError(
+                f"Mamba2LM takes a mamba2 checkpoint, got model_type {c.get('model_type')!r}; give a folder that "
+                'transformers\' Mamba2ForCausalLM.save_pretrained wrote (config.json model_type "mamba2")'
+            )
         self.nheads, self.headdim = c["num_heads"], c["head_dim"]
         self.dstate, self.ngroups = c["state_size"], c["n_groups"]
         self.num_layers = c["num_hidden_layers"]
         limit = [_number(v) for v in (c.get("time_step_limit") or (0.0, float("inf")))]
         if limit != [0.0, float("inf")]:
-            raise ConfigError(f"Mamba2LM: time_step_limit {limit} is not served (only the default (0, inf))")
+            raise ConfigError(
+                f"Mamba2LM: time_step_limit {limit} is not served (it decodes with the default (0, inf) only); "
+                "use a checkpoint without a time-step clamp, or decode it with transformers (ssu compare)"
+            )
 
     @classmethod
     def load(cls, folder: str, device: str = "cpu") -> "Mamba2LM":
